@@ -1,0 +1,134 @@
+"""The diff kind of fix: unified diffs applied exactly (no fuzz, no offset).
+
+The file is pinned by hash before a diff touches it, so every hunk must match at the line
+it names. A failing hunk is reported by its line range and first differing line, and, to
+help whoever refreshes the fix, where else (if anywhere) its old text occurs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fixpack.errors import ConfigError, FixFailed
+from fixpack.paths import check_relpath
+
+
+@dataclass
+class Hunk:
+    source_start: int  # 1-based, as in the header
+    source_length: int
+    old: list[bytes]
+    new: list[bytes]
+    header: str
+
+
+@dataclass
+class FilePatch:
+    path: str  # "package/path/in/package.py"
+    hunks: list[Hunk]
+
+
+def _strip_prefix(name: str) -> str:
+    name = name.split("\t", 1)[0].strip()
+    for prefix in ("a/", "b/"):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def parse_diff(data: bytes, *, where: str) -> list[FilePatch]:
+    """Parse and vet a unified diff; only modifications of existing text files are allowed."""
+    import unidiff
+
+    if not data.strip():
+        raise ConfigError(f"{where}: the diff is empty")
+    if b"\x00" in data:
+        raise ConfigError(f"{where}: the diff contains NUL bytes (binary content is not supported)")
+    if b"GIT binary patch" in data or b"\nBinary files " in data or data.startswith(b"Binary files "):
+        raise ConfigError(f"{where}: binary diffs are not supported")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: the diff is not UTF-8 ({exc})") from exc
+    try:
+        patchset = unidiff.PatchSet(text.splitlines(keepends=True))
+    except unidiff.UnidiffParseError as exc:
+        raise ConfigError(f"{where}: malformed or truncated diff: {exc}") from exc
+    if len(patchset) == 0:
+        raise ConfigError(f"{where}: no file sections found (is it a unified diff?)")
+    out: list[FilePatch] = []
+    seen: set[str] = set()
+    for pf in patchset:
+        src, dst = _strip_prefix(pf.source_file), _strip_prefix(pf.target_file)
+        if pf.is_binary_file:
+            raise ConfigError(f"{where}: {dst}: binary diffs are not supported")
+        if pf.is_added_file or src == "/dev/null":
+            raise ConfigError(f"{where}: {dst}: the diff creates a file; fixes may only modify existing files")
+        if pf.is_removed_file or dst == "/dev/null":
+            raise ConfigError(f"{where}: {src}: the diff deletes a file; fixes may only modify existing files")
+        if src != dst:
+            raise ConfigError(f"{where}: renames are not supported ({src} -> {dst})")
+        check_relpath(dst, where=f"{where}: file header")
+        if dst in seen:
+            raise ConfigError(f"{where}: {dst} appears twice in the diff")
+        seen.add(dst)
+        hunks: list[Hunk] = []
+        if len(pf) == 0:
+            raise ConfigError(f"{where}: {dst}: file section has no hunks")
+        for h in pf:
+            old: list[bytes] = []
+            new: list[bytes] = []
+            lines = list(h)
+            for i, line in enumerate(lines):
+                if line.line_type == "\\":
+                    continue
+                value = line.value
+                if i + 1 < len(lines) and lines[i + 1].line_type == "\\":
+                    value = value[:-1] if value.endswith("\n") else value  # "\ No newline at end of file"
+                b = value.encode("utf-8")
+                if line.line_type in (" ", "-"):
+                    old.append(b)
+                if line.line_type in (" ", "+"):
+                    new.append(b)
+            if len(old) != h.source_length or len(new) != h.target_length:
+                raise ConfigError(f"{where}: {dst}: hunk {h.section_header or ''} @@ -{h.source_start} line counts do not match its header (truncated?)")
+            hunks.append(Hunk(h.source_start, h.source_length, old, new, f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"))
+        out.append(FilePatch(dst, hunks))
+    return out
+
+
+def _find_all(lines: list[bytes], block: list[bytes]) -> list[int]:
+    n = len(block)
+    if n == 0:
+        return []
+    return [i for i in range(len(lines) - n + 1) if lines[i : i + n] == block]
+
+
+def apply_file_patch(data: bytes, fp: FilePatch, *, where: str) -> bytes:
+    lines = data.splitlines(keepends=True)
+    out: list[bytes] = []
+    cursor = 0  # index into the original lines
+    for h in fp.hunks:
+        start = h.source_start - 1 if h.source_length else h.source_start
+        if start < cursor:
+            raise FixFailed(f"{where}: {fp.path}: hunk {h.header} overlaps or precedes the previous hunk")
+        actual = lines[start : start + len(h.old)]
+        if actual != h.old:
+            first = next((k for k in range(len(h.old)) if k >= len(actual) or actual[k] != h.old[k]), 0)
+            found = actual[first].decode("utf-8", "replace").rstrip("\r\n") if first < len(actual) else "<end of file>"
+            wanted = h.old[first].decode("utf-8", "replace").rstrip("\r\n")
+            elsewhere = [i + 1 for i in _find_all(lines, h.old)]
+            hint = ""
+            if len(elsewhere) == 1:
+                hint = f"; its old text occurs at line {elsewhere[0]} instead (refresh the diff)"
+            elif len(elsewhere) > 1:
+                hint = f"; its old text occurs at {len(elsewhere)} places ({', '.join(map(str, elsewhere[:5]))}): ambiguous"
+            raise FixFailed(
+                f"{where}: {fp.path}: hunk {h.header} (lines {start + 1}-{start + len(h.old)}) does not match at line "
+                f"{start + first + 1}: expected {wanted!r}, found {found!r}{hint}"
+            )
+        out.extend(lines[cursor:start])
+        out.extend(h.new)
+        cursor = start + len(h.old)
+    out.extend(lines[cursor:])
+    return b"".join(out)

@@ -1,0 +1,104 @@
+"""Schemas for fix.yaml, profiles and ports, declared once as data.
+
+Loading is always yaml.safe_load; every error names the file and the key.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from fixpack.errors import ConfigError
+
+SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+# key: (types, required, description)
+FIX_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
+    "id": ((str,), True, "slug, equal to the folder name"),
+    "summary": ((str,), True, "one line"),
+    "why": ((str,), True, "the defect: what goes wrong, for which requests"),
+    "evidence": ((str,), False, "where in the pinned source the defect is shown"),
+    "change": ((str,), False, "what the fix changes"),
+    "kind": ((str,), True, "diff or codemod"),
+    "targets": ((list,), True, "list of {package, path}"),
+    "upstream": ((str, dict, type(None)), True, "upstream commit/PR, or none"),
+    "forwarded": ((str, bool, type(None)), False, "whether and where it was sent upstream"),
+    "remove_when": ((str,), True, "when the fix can be retired"),
+    "tests": ((list,), True, "test files in the fix folder"),
+    "cpu_demonstrable": ((bool,), False, "false when the defect needs a Gaudi card to show"),
+    "device_gate": ((dict,), False, "{reason, gate}: where the card check lives"),
+    "requires": ((list,), False, "fix ids that must be applied before this one"),
+    "notes": ((str,), False, "anything else"),
+}
+
+TARGET_SCHEMA = {
+    "package": ((str,), True, "top-level package folder, e.g. vllm_gaudi"),
+    "path": ((str,), True, "file path inside the package"),
+}
+
+DEVICE_GATE_SCHEMA = {
+    "reason": ((str,), True, "why CPU cannot show the defect"),
+    "gate": ((str,), True, "the device gate that measures it"),
+}
+
+PROFILE_SCHEMA = {
+    "name": ((str,), True, "profile name, equal to the file stem"),
+    "description": ((str,), False, ""),
+    "base": ((dict,), True, "what the profile applies to"),
+    "packages": ((list,), True, "package folders the fixes may touch"),
+    "fixes": ((list,), True, "ordered fixes (the pack order)"),
+}
+
+PROFILE_FIX_SCHEMA = {
+    "id": ((str,), True, "a fix folder under fixes/"),
+    "opt_in": ((bool,), False, "applied only when named on the command line"),
+}
+
+PORT_SCHEMA = {
+    "name": ((str,), True, "port name, equal to its folder"),
+    "description": ((str,), False, ""),
+    "profile": ((str,), True, "the base profile"),
+    "patches": ((list,), True, "ordered source patches (fix ids under the port's fixes/)"),
+    "plugin": ((dict,), True, "the plugin package"),
+    "kernel": ((dict,), False, "the TPC kernel build"),
+    "gates": ((dict,), False, "device gates"),
+    "switches": ((dict,), False, "environment switches and their defaults"),
+}
+
+
+def load_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+
+
+def check_mapping(data: Any, schema: dict, *, where: str) -> dict:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, found {type(data).__name__}")
+    for key in data:
+        if key not in schema:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(schema)})")
+    for key, (types, required, desc) in schema.items():
+        if key not in data:
+            if required:
+                raise ConfigError(f"{where}: missing key {key!r} ({desc})")
+            continue
+        value = data[key]
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool) and int in types):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ConfigError(f"{where}: key {key!r} must be {names}, found {type(value).__name__}")
+    return data
+
+
+def check_slug(value: str, *, where: str) -> str:
+    if not isinstance(value, str) or not SLUG.match(value):
+        raise ConfigError(f"{where}: {value!r} is not a valid id (lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
+    return value

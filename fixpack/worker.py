@@ -1,0 +1,110 @@
+"""Applies one fix in its own process: ``python -m fixpack.worker`` with a JSON job on stdin.
+
+The job names the fix folder, its kind, and for each declared target the file to read and
+the staging file to write. The worker never writes anywhere else: an audit hook refuses any
+other write, so a codemod that tries to touch an undeclared file fails alone. The driver
+checks the staged bytes against the pins and commits them; nothing here touches a target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _guard_writes(allowed_dir: str) -> None:
+    allowed = os.path.realpath(allowed_dir) + os.sep
+    write_events = {"os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.mkdir", "os.truncate", "shutil.rmtree", "os.chmod", "os.chown", "os.symlink", "os.link"}
+
+    def hook(event, args):
+        path = None
+        if event == "open":
+            path, mode = args[0], args[1]
+            if isinstance(mode, str):
+                writing = any(c in mode for c in "wax+")
+            else:
+                writing = isinstance(args[2], int) and bool(args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
+            if not writing or isinstance(path, int):
+                return
+        elif event in write_events:
+            path = args[0]
+        else:
+            return
+        if isinstance(path, int):
+            return
+        real = os.path.realpath(os.fsdecode(path))
+        if not (real + os.sep).startswith(allowed) and not real.startswith(allowed):
+            raise PermissionError(f"fix tried to write {real}, outside its staging area (fixes may only change their declared targets)")
+
+    sys.addaudithook(hook)
+
+
+def run(job: dict) -> dict:
+    fix_dir = Path(job["fix_dir"])
+    outputs: dict[str, str] = {}
+    if job["kind"] == "diff":
+        from fixpack.diffpatch import apply_file_patch, parse_diff
+
+        patch_file = fix_dir / "patch.diff"
+        patches = parse_diff(patch_file.read_bytes(), where=str(patch_file))
+        declared = {t["rel"] for t in job["targets"]}
+        for fp in patches:
+            if fp.path not in declared:
+                raise PermissionError(f"{patch_file}: changes {fp.path}, which fix.yaml does not declare as a target")
+        by_rel = {fp.path: fp for fp in patches}
+        for t in job["targets"]:
+            fp = by_rel.get(t["rel"])
+            if fp is None:
+                raise ValueError(f"{patch_file}: declares target {t['rel']} but the diff does not change it")
+            data = Path(t["src"]).read_bytes()
+            new = apply_file_patch(data, fp, where=str(patch_file))
+            Path(t["out"]).write_bytes(new)
+            outputs[t["rel"]] = t["out"]
+    else:
+        from fixpack.codemod import apply_rewrites, load_rewrites
+
+        codemod_file = fix_dir / "codemod.py"
+        rewrites = load_rewrites(codemod_file)
+        declared = {t["rel"] for t in job["targets"]}
+        for cls in rewrites:
+            if cls.target not in declared:
+                raise PermissionError(f"{codemod_file}: {cls.__name__} targets {cls.target!r}, which fix.yaml does not declare")
+        for t in job["targets"]:
+            source = Path(t["src"]).read_bytes().decode("utf-8")
+            result = apply_rewrites(rewrites, t["rel"], source)
+            if not result.rewritten:
+                raise ValueError(f"{codemod_file}: no rewrite targets {t['rel']}")
+            new = result.text.encode("utf-8")
+            if job.get("check_idempotent"):
+                again = apply_rewrites(rewrites, t["rel"], result.text).text.encode("utf-8")
+                if again != new:
+                    raise ValueError(f"{codemod_file}: not idempotent on {t['rel']}: a second run changes its own output")
+            Path(t["out"]).write_bytes(new)
+            outputs[t["rel"]] = t["out"]
+    # Every output must at least be valid Python that compiles.
+    for rel, out in outputs.items():
+        if rel.endswith(".py"):
+            data = Path(out).read_bytes()
+            try:
+                compile(data, rel, "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                raise ValueError(f"the fixed {rel} does not compile: {exc.msg} at line {exc.lineno}") from exc
+    return {"outputs": outputs}
+
+
+def main() -> int:
+    job = json.loads(sys.stdin.read())
+    _guard_writes(job["stage_dir"])
+    try:
+        result = run(job)
+    except Exception as exc:  # reported to the driver; the driver decides the exit code
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

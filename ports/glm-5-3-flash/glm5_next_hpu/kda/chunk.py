@@ -1,0 +1,185 @@
+"""Chunked KDA prefill in plain PyTorch (all tensors rank <= 4).
+
+Per chunk of C = 64 tokens, with G the inclusive cumulative log-decay inside the chunk
+(G_i = g_1 + ... + g_i, per key channel, every g in (-5, 0)):
+
+    L   = strict_lower( beta_i * sum_k k_ik k_jk exp(G_ik - G_jk) )      (C x C)
+    Aqk = lower_incl_diag( sum_k q_ik k_jk exp(G_ik - G_jk) )           (C x C)
+    u = (I + L)^-1 (beta v),   w = (I + L)^-1 (beta k * exp(G))
+    o = Aqk u + (q * exp(G) - Aqk w) S_in
+    S_out = M S_in + B,  M = diag(exp(G_C)) - k~^T w,  B = k~^T u,  k~ = k * exp(G_C - G)
+
+Three numerical choices, each forced by real inputs:
+
+* No all-pairs decay tensor. The reference materialises exp(G_i - G_j) for every
+  (i, j, k) of every chunk at once (8.6 GB at 4K tokens x 64 heads). The cheap
+  factorisation exp(G_i) * exp(-G_j) overflows fp32 instead: with the gate saturated at
+  -5, G reaches about -300 inside a chunk and exp(300) is inf. Here each 16-row block p
+  is anchored at the block boundary a = G_{16p-1}: for i in block p and j before it,
+  exp(G_i - a) and exp(a - G_j) both lie in (0, 1], so the off-diagonal blocks are an
+  exact matmul of bounded factors. Only the 16 x 16 diagonal blocks need exp(G_i - G_j)
+  elementwise; they are built one column at a time, so the largest temporary is the
+  size of k.
+* (I + L)^-1 by blocked forward substitution: the four 16 x 16 diagonal blocks by a
+  triangular solve (forward substitution), then block rows in four dependent stages.
+  Nilpotent doubling (I - L)(I + L^2)(I + L^4)... is exact in algebra but cancels
+  catastrophically in fp32 when keys are correlated and beta is near 1 (seed 001:
+  rows 32-63 of every chunk wrong on real inputs).
+* The carry between chunks is the affine map S -> M S + B, scanned in log2(N) levels
+  (``scan.py``); the sequential loop is kept as the reference path.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .recurrent import _mask_inputs
+from .gate import l2norm
+from .scan import affine_scan, scan_enabled, sequential_affine_scan
+
+BLOCK = 16
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = True,
+    use_qk_l2norm_in_kernel: bool = True,
+    mask: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    use_scan: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k, g: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]; initial_state [B, H, K, V].
+
+    ``mask`` [B, T] (True = real token) removes padding from the recurrence: a masked
+    position gets q = k = v = 0, g = 0 and beta = 0, which makes its step the identity.
+    ``use_scan`` None reads GLM5_NEXT_KDA_SCAN (default on). Computes in fp32; returns
+    (o [B, T, H, V] in q's dtype, final fp32 state [B, H, K, V] or None).
+    """
+    if chunk_size % BLOCK:
+        raise ValueError(f"chunk_size must be a multiple of {BLOCK}, got {chunk_size}")
+    dtype = q.dtype
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    if mask is not None:
+        q, k, v, g, beta = _mask_inputs(mask, q, k, v, g, beta)
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    Bsz, T, H, K = k.shape
+    V = v.shape[-1]
+    C = chunk_size
+    N = (T + C - 1) // C
+    R = Bsz * H
+    q = q * K**-0.5
+
+    # Head-major chunks: [R*N, C, X]. Padded tail tokens are zeros (g = beta = 0: identity steps).
+    def chunks(x):
+        x = x.transpose(1, 2)
+        x = F.pad(x, (0, 0, 0, N * C - T))
+        return x.reshape(R * N, C, x.shape[-1])
+
+    qkg = chunks(torch.cat([q, k, g], dim=-1))
+    q, k, g = qkg[..., :K], qkg[..., K : 2 * K], qkg[..., 2 * K :]
+    v = chunks(v)
+    beta = chunks(beta.unsqueeze(-1))
+    del qkg
+
+    G = g.cumsum(dim=1)
+    kb = k * beta
+    gamma = G.exp()  # decay from chunk start, in (0, 1]
+    G_last = G[:, -1:, :]
+
+    L_off, Q_off = _off_diagonal_blocks(kb, q, k, G)
+    L_diag, Q_diag = _diagonal_blocks(kb, q, k, G)
+
+    # u | w = (I + L)^-1 [beta v | beta k exp(G)], block row by block row.
+    rhs = torch.cat([v * beta, kb * gamma], dim=-1)
+    nb = C // BLOCK
+    eye = torch.eye(BLOCK, dtype=torch.float32, device=q.device)
+    # Inverses of the unit-lower diagonal blocks: one batched forward substitution.
+    T_diag = torch.linalg.solve_triangular(L_diag + eye, eye.expand_as(L_diag), upper=False, unitriangular=True)
+    T_diag = T_diag.view(R * N, nb, BLOCK, BLOCK)
+    Y = T_diag[:, 0] @ rhs[:, :BLOCK]
+    for p in range(1, nb):
+        r = rhs[:, p * BLOCK : (p + 1) * BLOCK] - L_off[p - 1] @ Y
+        Y = torch.cat([Y, T_diag[:, p] @ r], dim=1)
+    del rhs, T_diag, L_off, L_diag
+    u, w = Y[..., :V], Y[..., V:]
+
+    # Intra-chunk q.k weights, lower triangle including the diagonal.
+    Q_diag = Q_diag.view(R * N, nb, BLOCK, BLOCK)
+    rows = []
+    for p in range(nb):
+        parts = [Q_diag[:, p]] if p == 0 else [Q_off[p - 1], Q_diag[:, p]]
+        if p < nb - 1:
+            parts.append(q.new_zeros(R * N, BLOCK, (nb - 1 - p) * BLOCK))
+        rows.append(torch.cat(parts, dim=-1))
+    A_qk = torch.cat(rows, dim=1)
+    del rows, Q_off, Q_diag
+
+    # Chunk transition S_out = M S_in + B (every exponent <= 0).
+    k_tilde_t = (k * (G_last - G).exp()).transpose(1, 2)  # [RN, K, C]
+    M = torch.baddbmm(torch.diag_embed(G_last.squeeze(1).exp()), k_tilde_t, w, alpha=-1.0)
+    Bmat = torch.bmm(k_tilde_t, u)
+    del k_tilde_t
+
+    S0 = (
+        q.new_zeros(R, K, V)
+        if initial_state is None
+        else initial_state.float().reshape(R, K, V)
+    )
+    M = M.view(R, N, K, K).transpose(0, 1).contiguous()
+    Bmat = Bmat.view(R, N, K, V).transpose(0, 1).contiguous()
+    scan = affine_scan if (scan_enabled() if use_scan is None else use_scan) else sequential_affine_scan
+    S_in, S_final = scan(M, Bmat, S0)
+    del M, Bmat
+    S_in = S_in.transpose(0, 1).reshape(R * N, K, V)
+
+    # o = Aqk u + (q exp(G) - Aqk w) S_in
+    q_eff = torch.baddbmm(q * gamma, A_qk, w, alpha=-1.0)
+    o = torch.baddbmm(torch.bmm(A_qk, u), q_eff, S_in)
+    o = o.view(Bsz, H, N * C, V)[:, :, :T].transpose(1, 2).to(dtype)
+    return o, (S_final.view(Bsz, H, K, V) if output_final_state else None)
+
+
+def _off_diagonal_blocks(kb, q, k, G):
+    """For each 16-row block p >= 1, its weights on all earlier columns j < 16p.
+
+    Anchored at a = G_{16p-1}: exp(G_i - a) <= 1 for i >= 16p and exp(a - G_j) <= 1 for
+    j <= 16p - 1, so both factors are bounded and the product is an exact matmul.
+    Returns two lists (beta k.k and q.k), entry p-1 of shape [RN, 16, 16p].
+    """
+    C = k.shape[1]
+    L_off, Q_off = [], []
+    for p in range(1, C // BLOCK):
+        lo, hi = p * BLOCK, (p + 1) * BLOCK
+        anchor = G[:, lo - 1 : lo, :]
+        left_decay = (G[:, lo:hi] - anchor).exp()
+        right = (k[:, :lo] * (anchor - G[:, :lo]).exp()).transpose(1, 2)
+        L_off.append(torch.bmm(kb[:, lo:hi] * left_decay, right))
+        Q_off.append(torch.bmm(q[:, lo:hi] * left_decay, right))
+    return L_off, Q_off
+
+
+def _diagonal_blocks(kb, q, k, G):
+    """The 16 x 16 diagonal blocks, decay taken elementwise one key column j at a time.
+
+    Returns (strict-lower beta k.k blocks, lower-incl-diagonal q.k blocks), [RN*C/16, 16, 16].
+    """
+    RN, C, K = k.shape
+    Gd = G.reshape(-1, BLOCK, K)
+    kd = k.reshape(-1, BLOCK, K)
+    X = torch.cat([kb.reshape(-1, BLOCK, K), q.reshape(-1, BLOCK, K)], dim=1)  # [RNB, 32, K]
+    G2 = torch.cat([Gd, Gd], dim=1)
+    cols = []
+    for j in range(BLOCK):
+        # Rows i < j would have a positive exponent; clamp to 0 (no overflow), masked below.
+        decay = (G2 - Gd[:, j : j + 1]).clamp_max(0.0).exp()
+        cols.append((X * (decay * kd[:, j : j + 1])).sum(-1))
+    P = torch.stack(cols, dim=-1)  # [RNB, 32, 16]
+    idx = torch.arange(BLOCK, device=k.device)
+    strict = idx[:, None] > idx[None, :]
+    incl = idx[:, None] >= idx[None, :]
+    return P[:, :BLOCK].masked_fill(~strict, 0.0), P[:, BLOCK:].masked_fill(~incl, 0.0)
