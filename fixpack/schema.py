@@ -74,8 +74,9 @@ def load_yaml(path: Path) -> Any:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader when built; never the unsafe one
     try:
-        return yaml.safe_load(raw)
+        return yaml.load(raw, Loader=loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
 

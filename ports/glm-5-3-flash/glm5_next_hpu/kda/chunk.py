@@ -91,33 +91,25 @@ def chunk_kda(
     gamma = G.exp()  # decay from chunk start, in (0, 1]
     G_last = G[:, -1:, :]
 
-    L_off, Q_off = _off_diagonal_blocks(kb, q, k, G)
-    L_diag, Q_diag = _diagonal_blocks(kb, q, k, G)
+    # Intra-chunk weights, lower triangle incl. diagonal: [RN, C, C] each.
+    L, A_qk = _lower_weights([kb, q], k, G)
+    L = L.tril(-1)
 
-    # u | w = (I + L)^-1 [beta v | beta k exp(G)], block row by block row.
+    # u | w = (I + L)^-1 [beta v | beta k exp(G)] by blocked forward substitution.
     rhs = torch.cat([v * beta, kb * gamma], dim=-1)
     nb = C // BLOCK
     eye = torch.eye(BLOCK, dtype=torch.float32, device=q.device)
-    # Inverses of the unit-lower diagonal blocks: one batched forward substitution.
+    # Inverses of the unit-lower 16 x 16 diagonal blocks: one batched forward substitution.
+    L_blocks = L.view(R * N, nb, BLOCK, nb * BLOCK)
+    L_diag = torch.stack([L_blocks[:, p, :, p * BLOCK : (p + 1) * BLOCK] for p in range(nb)], dim=1)
     T_diag = torch.linalg.solve_triangular(L_diag + eye, eye.expand_as(L_diag), upper=False, unitriangular=True)
-    T_diag = T_diag.view(R * N, nb, BLOCK, BLOCK)
     Y = T_diag[:, 0] @ rhs[:, :BLOCK]
     for p in range(1, nb):
-        r = rhs[:, p * BLOCK : (p + 1) * BLOCK] - L_off[p - 1] @ Y
+        lo, hi = p * BLOCK, (p + 1) * BLOCK
+        r = rhs[:, lo:hi] - L[:, lo:hi, :lo] @ Y
         Y = torch.cat([Y, T_diag[:, p] @ r], dim=1)
-    del rhs, T_diag, L_off, L_diag
+    del rhs, T_diag, L, L_blocks, L_diag
     u, w = Y[..., :V], Y[..., V:]
-
-    # Intra-chunk q.k weights, lower triangle including the diagonal.
-    Q_diag = Q_diag.view(R * N, nb, BLOCK, BLOCK)
-    rows = []
-    for p in range(nb):
-        parts = [Q_diag[:, p]] if p == 0 else [Q_off[p - 1], Q_diag[:, p]]
-        if p < nb - 1:
-            parts.append(q.new_zeros(R * N, BLOCK, (nb - 1 - p) * BLOCK))
-        rows.append(torch.cat(parts, dim=-1))
-    A_qk = torch.cat(rows, dim=1)
-    del rows, Q_off, Q_diag
 
     # Chunk transition S_out = M S_in + B (every exponent <= 0).
     k_tilde_t = (k * (G_last - G).exp()).transpose(1, 2)  # [RN, K, C]
@@ -144,42 +136,44 @@ def chunk_kda(
     return o, (S_final.view(Bsz, H, K, V) if output_final_state else None)
 
 
-def _off_diagonal_blocks(kb, q, k, G):
-    """For each 16-row block p >= 1, its weights on all earlier columns j < 16p.
+LEAF = 4
 
-    Anchored at a = G_{16p-1}: exp(G_i - a) <= 1 for i >= 16p and exp(a - G_j) <= 1 for
-    j <= 16p - 1, so both factors are bounded and the product is an exact matmul.
-    Returns two lists (beta k.k and q.k), entry p-1 of shape [RN, 16, 16p].
+
+def _lower_weights(xs: list[torch.Tensor], k: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
+    """P_x[i, j] = sum_c x_ic k_jc exp(G_ic - G_jc) for j <= i, else 0, for each x in xs.
+
+    xs, k, G: [M, n, K] -> list of [M, n, n]. Rows are split into 4 blocks of n/4. Block
+    p is anchored at the boundary a = G_{p n/4 - 1}: for its rows i and all earlier
+    columns j, exp(G_i - a) and exp(a - G_j) both lie in (0, 1], so the off-diagonal
+    part is an exact matmul of bounded factors (the naive exp(G_i) exp(-G_j) overflows:
+    G reaches about -300 in a 64-token chunk). Diagonal blocks recurse (64 -> 16 -> 4);
+    at 4 x 4 the decay is taken elementwise one column at a time, so no temporary is
+    larger than k.
     """
-    C = k.shape[1]
-    L_off, Q_off = [], []
-    for p in range(1, C // BLOCK):
-        lo, hi = p * BLOCK, (p + 1) * BLOCK
-        anchor = G[:, lo - 1 : lo, :]
-        left_decay = (G[:, lo:hi] - anchor).exp()
-        right = (k[:, :lo] * (anchor - G[:, :lo]).exp()).transpose(1, 2)
-        L_off.append(torch.bmm(kb[:, lo:hi] * left_decay, right))
-        Q_off.append(torch.bmm(q[:, lo:hi] * left_decay, right))
-    return L_off, Q_off
-
-
-def _diagonal_blocks(kb, q, k, G):
-    """The 16 x 16 diagonal blocks, decay taken elementwise one key column j at a time.
-
-    Returns (strict-lower beta k.k blocks, lower-incl-diagonal q.k blocks), [RN*C/16, 16, 16].
-    """
-    RN, C, K = k.shape
-    Gd = G.reshape(-1, BLOCK, K)
-    kd = k.reshape(-1, BLOCK, K)
-    X = torch.cat([kb.reshape(-1, BLOCK, K), q.reshape(-1, BLOCK, K)], dim=1)  # [RNB, 32, K]
-    G2 = torch.cat([Gd, Gd], dim=1)
-    cols = []
-    for j in range(BLOCK):
-        # Rows i < j would have a positive exponent; clamp to 0 (no overflow), masked below.
-        decay = (G2 - Gd[:, j : j + 1]).clamp_max(0.0).exp()
-        cols.append((X * (decay * kd[:, j : j + 1])).sum(-1))
-    P = torch.stack(cols, dim=-1)  # [RNB, 32, 16]
-    idx = torch.arange(BLOCK, device=k.device)
-    strict = idx[:, None] > idx[None, :]
-    incl = idx[:, None] >= idx[None, :]
-    return P[:, :BLOCK].masked_fill(~strict, 0.0), P[:, BLOCK:].masked_fill(~incl, 0.0)
+    M, n, K = k.shape
+    if n <= LEAF:
+        cols = [[] for _ in xs]
+        for j in range(n):
+            # Rows i < j would get a positive exponent: clamp to 0 (no overflow), masked below.
+            kj = k[:, j : j + 1] * (G - G[:, j : j + 1]).clamp_max(0.0).exp()
+            for c, x in zip(cols, xs):
+                c.append((x * kj).sum(-1))
+        keep = torch.ones(n, n, dtype=torch.bool, device=k.device).tril()
+        return [torch.stack(c, dim=-1).masked_fill(~keep, 0.0) for c in cols]
+    s = n // 4
+    diag = _lower_weights([x.reshape(-1, s, K) for x in xs], k.reshape(-1, s, K), G.reshape(-1, s, K))
+    diag = [d.view(M, 4, s, s) for d in diag]
+    rows = [[] for _ in xs]
+    for p in range(4):
+        lo, hi = p * s, (p + 1) * s
+        if p:
+            anchor = G[:, lo - 1 : lo]
+            left_decay = (G[:, lo:hi] - anchor).exp()
+            right = (k[:, :lo] * (anchor - G[:, :lo]).exp()).transpose(1, 2)
+        for r, x, d in zip(rows, xs, diag):
+            parts = [torch.bmm(x[:, lo:hi] * left_decay, right)] if p else []
+            parts.append(d[:, p])
+            if p < 3:
+                parts.append(k.new_zeros(M, s, n - hi))
+            r.append(torch.cat(parts, dim=-1))
+    return [torch.cat(r, dim=1) for r in rows]

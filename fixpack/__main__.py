@@ -1,0 +1,5 @@
+import sys
+
+from fixpack.main import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""Arguments and set-up shared by the commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fixpack.engine import Engine, Reporter
+from fixpack.errors import ConfigError
+from fixpack.lockfile import Lock
+from fixpack.pack import Pack, default_pack_root
+from fixpack.store import Store
+from fixpack.targets import default_state_dir, locate, refuse_if_imported, require
+
+
+def add_common(p: argparse.ArgumentParser, *, profile_required: bool = False) -> None:
+    p.add_argument("--profile", required=profile_required, help="profile name (profiles/<name>.yaml)")
+    p.add_argument("--root", type=Path, help="a folder holding the package folders (default: the installed packages)")
+    p.add_argument("--pack", type=Path, help="the fixpack repository (default: the one this fixpack runs from)")
+    p.add_argument("--state-dir", type=Path, help="where the state record lives (default: .fixpack beside the packages)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def pack_of(args) -> Pack:
+    return Pack((args.pack or default_pack_root()).resolve())
+
+
+def profile_name(args, pack: Pack) -> str:
+    if args.profile:
+        return args.profile
+    names = pack.profile_names()
+    if len(names) == 1:
+        return names[0]
+    raise ConfigError(f"--profile is required (profiles: {', '.join(names) or 'none'})")
+
+
+def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False) -> Engine:
+    pack = pack_of(args)
+    profile = pack.profile(profile_name(args, pack))
+    port_obj = pack.port(port) if port else None
+    refuse_if_imported(profile.packages)
+    root = args.root.resolve() if args.root else None
+    found = locate(profile.packages, root)
+    require(found, profile.packages, root)
+    store = Store(args.state_dir.resolve() if args.state_dir else default_state_dir(found, root))
+    lock = Lock.load(profile.lock_path) if pinned else None
+    return Engine(pack, profile, port_obj, list(opt_ins), found, store, lock, report=Reporter(quiet=quiet or args.json))
+
+
+def emit_json(data) -> None:
+    print(json.dumps(data, indent=1, sort_keys=True))

@@ -1,0 +1,38 @@
+"""fixpack manifest: per-file sha256 of a profile's pristine release trees, stored with the profile."""
+
+from __future__ import annotations
+
+from fixpack.commands._common import pack_of, profile_name
+from fixpack.errors import CheckFailed
+
+
+def add_parser(sub):
+    p = sub.add_parser("manifest", help="write profiles/<profile>.manifest.json from the release sources")
+    p.add_argument("--profile")
+    p.add_argument("--pack")
+    p.add_argument("--check", action="store_true", help="regenerate and compare; exit non-zero on a difference")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from fixpack import release
+
+    args.pack = Path(args.pack) if args.pack else None
+    pack = pack_of(args)
+    profile = pack.profile(profile_name(args, pack))
+    with release.scratch() as d:
+        tree = release.pristine_tree(profile, d)
+        hashes = release.tree_hashes(tree, profile.packages)
+    text = release.dump({"profile": profile.name, "sources": profile.base["sources"], "files": hashes})
+    counts = ", ".join(f"{p} {len(v)} files" for p, v in hashes.items())
+    if args.check:
+        old = profile.manifest_path.read_text() if profile.manifest_path.exists() else ""
+        if old != text:
+            raise CheckFailed(f"{profile.manifest_path} differs from the release sources; run `fixpack manifest --profile {profile.name}`")
+        print(f"manifest {profile.manifest_path.name}: matches the release sources ({counts})")
+        return 0
+    profile.manifest_path.write_text(text)
+    print(f"wrote {profile.manifest_path} ({counts})")
+    return 0

@@ -1,0 +1,28 @@
+"""fixpack revert: give back the exact pristine bytes of one fix's files, or of all."""
+
+from __future__ import annotations
+
+from fixpack import engine as eng
+from fixpack.commands._common import add_common, make_engine
+from fixpack.errors import ConfigError
+from fixpack.store import Store
+
+
+def add_parser(sub):
+    p = sub.add_parser("revert", help="undo one applied fix, or --all")
+    add_common(p)
+    p.add_argument("fix", nargs="?", help="the fix to undo")
+    p.add_argument("--all", action="store_true", help="undo every applied fix")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    if bool(args.fix) == bool(args.all):
+        raise ConfigError("name one fix to revert, or pass --all")
+    # The engine is built for the selection recorded in the state, so its paths and pins match.
+    probe = make_engine(args, pinned=False, quiet=True)
+    state = probe.store.read_state() or {}
+    opt_in = state.get("opt_in") or []
+    port = state.get("port")
+    engine = make_engine(args, opt_ins=opt_in, port=port, pinned=probe.profile.lock_path.exists())
+    return eng.revert(engine, None if args.all else args.fix)

@@ -1,0 +1,69 @@
+"""fixpack validate: every fix, profile and port parses, and their cross-references hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fixpack.commands._common import pack_of
+from fixpack.errors import ConfigError, FixpackError
+from fixpack.pack import load_fix
+
+
+def add_parser(sub):
+    p = sub.add_parser("validate", help="check the whole pack: schemas, files, references, diffs parse")
+    p.add_argument("--pack")
+    p.add_argument("--profile")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def _check_fix_dir(d: Path, layer: str) -> None:
+    fix = load_fix(d, layer=layer)
+    if fix.kind == "diff":
+        from fixpack.diffpatch import parse_diff
+
+        patches = parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file))
+        declared = set(fix.target_rels)
+        changed = {p.path for p in patches}
+        if changed != declared:
+            raise ConfigError(f"{fix.change_file}: changes {sorted(changed)} but fix.yaml declares {sorted(declared)}")
+    else:
+        import ast
+
+        try:
+            ast.parse(fix.change_file.read_bytes(), str(fix.change_file))
+        except SyntaxError as exc:
+            raise ConfigError(f"{fix.change_file}: does not parse: {exc.msg} at line {exc.lineno}") from exc
+
+
+def run(args) -> int:
+    args.pack = Path(args.pack) if args.pack else None
+    pack = pack_of(args)
+    errors: list[str] = []
+    checked = 0
+    for base, layer in [(pack.root / "fixes", "profile")] + [(pack.root / "ports" / n / "fixes", f"port:{n}") for n in pack.port_names()]:
+        if not base.is_dir():
+            continue
+        for d in sorted(base.iterdir()):
+            if not d.is_dir() or d.name.startswith((".", "_")):
+                continue
+            checked += 1
+            try:
+                _check_fix_dir(d, layer)
+            except FixpackError as exc:
+                errors.append(str(exc))
+    profiles = [args.profile] if args.profile else pack.profile_names()
+    for name in profiles:
+        try:
+            profile = pack.profile(name)
+            pack.selection(profile, profile.opt_ins)
+            for port_name in pack.port_names():
+                port = pack.port(port_name)
+                if port.profile == name:
+                    pack.selection(profile, profile.opt_ins, port)
+        except FixpackError as exc:
+            errors.append(str(exc))
+    for e in errors:
+        print(f"error: {e}")
+    print(f"validate: {checked} fix folders, {len(profiles)} profile(s), {len(pack.port_names())} port(s): {len(errors)} error(s)")
+    return 2 if errors else 0

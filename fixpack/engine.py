@@ -1,0 +1,478 @@
+"""Apply, verify and revert a selection of fixes on a tree of package folders.
+
+The driver never edits a file it has not checked: every target must be in a pinned state
+before a fix runs (pristine, or the pinned result of the fixes applied before it), and
+every result must equal its pin before it is committed. Each fix is computed by its own
+process (fixpack.worker) and committed all-or-nothing under a journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fixpack import __version__
+from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
+from fixpack.hashing import sha256_bytes, sha256_file, short
+from fixpack.lockfile import Lock, selection_key
+from fixpack.pack import Fix, Pack, Port, Profile
+from fixpack.paths import resolve_inside
+from fixpack.store import Store, atomic_write, crashpoint, drop_bytecode, fs_error
+
+DEFAULT_TIMEOUT = 120.0
+
+
+class Reporter:
+    """Aligned status lines for people; the same records for --json."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.records: list[dict] = []
+
+    def line(self, name: str, result: str, detail: str = "", **record) -> None:
+        self.records.append(dict(name=name, result=result, detail=detail, **record))
+        if not self.quiet:
+            dots = "." * max(3, 44 - len(name))
+            print(f"{name}{dots}{result:<10} {detail}".rstrip(), flush=True)
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            print(text, flush=True)
+
+
+@dataclass
+class Engine:
+    pack: Pack
+    profile: Profile
+    port: Port | None
+    opt_ins: list[str]
+    found: dict[str, Path]
+    store: Store
+    lock: Lock | None  # None: record mode (lock generation, checks), no pins
+    report: Reporter = field(default_factory=Reporter)
+    timeout: float = DEFAULT_TIMEOUT
+    lock_wait: float = 600.0
+    check_idempotent: bool = False
+
+    def __post_init__(self):
+        self.fixes: list[Fix] = self.pack.selection(self.profile, self.opt_ins, self.port)
+        ordered = [e.id for e in self.profile.entries if e.opt_in and e.id in self.opt_ins]
+        self.key = selection_key(self.port.name if self.port else None, ordered)
+        self.files: list[str] = []
+        for f in self.fixes:
+            for rel in f.target_rels:
+                if rel not in self.files:
+                    self.files.append(rel)
+        self._fix_hash = {f.id: f.content_hash() for f in self.fixes}
+        self.pinned: dict | None = None
+        if self.lock is not None:
+            self.pinned = self.lock.selection(self.key)
+            locked = [s["fix"] for s in self.pinned["steps"]]
+            if locked != [f.id for f in self.fixes]:
+                raise ConfigError(f"{self.lock.path}: selection {self.key} pins {locked}, the pack now gives {[f.id for f in self.fixes]}; run `fixpack lock`")
+            for f in self.fixes:
+                want = self.lock.data["fixes"].get(f.id, {}).get("hash")
+                if want != self._fix_hash[f.id]:
+                    raise ConfigError(f"fix {f.id} ({f.dir}) changed since {self.lock.path.name} was generated; run `fixpack lock --profile {self.profile.name}`")
+
+    # ---- paths and hashes
+    def path(self, rel: str) -> Path:
+        package, sub = rel.split("/", 1)
+        if package not in self.found:
+            raise BaseMismatch(f"{rel}: package {package} not found")
+        return resolve_inside(self.found[package], sub, where=rel)
+
+    def current(self, rels) -> dict[str, str | None]:
+        out = {}
+        for rel in rels:
+            p = self.path(rel)
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                out[rel] = None
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise EnvironmentFault(f"{p}: expected a regular file, found {'a symlink' if stat.S_ISLNK(st.st_mode) else 'a directory' if stat.S_ISDIR(st.st_mode) else 'a special file'}; nothing was changed")
+            try:
+                out[rel] = sha256_file(p)
+            except OSError as exc:
+                raise fs_error(exc, f"cannot read {p}") from exc
+        return out
+
+    def pristine(self, rel: str) -> str | None:
+        return self.lock.pristine.get(rel) if self.lock else None
+
+    def describe(self, rel: str, h: str | None) -> str:
+        if h is None:
+            return "missing"
+        if self.lock:
+            known = self.lock.known_states(rel)
+            if h in known:
+                return known[h]
+        return "not a state any pinned selection produces"
+
+    def expected_after(self, steps: list[dict]) -> dict[str, str]:
+        exp: dict[str, str] = {}
+        for s in steps:
+            for rel, (_, after) in s["files"].items():
+                exp[rel] = after
+        return exp
+
+    def step_record(self, fix: Fix, files: dict[str, list[str]]) -> dict:
+        return {"fix": fix.id, "layer": fix.layer, "fix_hash": self._fix_hash[fix.id], "files": files}
+
+    # ---- state
+    def _base_state(self) -> dict:
+        return {
+            "profile": self.profile.name,
+            "port": self.port.name if self.port else None,
+            "opt_in": [e.id for e in self.profile.entries if e.opt_in and e.id in self.opt_ins],
+            "key": self.key,
+            "tool_version": __version__,
+            "packages": {k: str(v) for k, v in self.found.items()},
+        }
+
+    def applied_steps(self, state: dict | None) -> list[dict]:
+        """What is applied now, checked against the files. Raises on drift or a foreign base."""
+        if state is not None and not state.get("__corrupt__"):
+            steps = state.get("steps", [])
+            exp = self.expected_after(steps)
+            cur = self.current(exp)
+            bad = [rel for rel in exp if cur[rel] != exp[rel]]
+            if bad:
+                rel = bad[0]
+                raise Drift(
+                    f"{rel}: the state record says it is {short(exp[rel])} (after its last fix) but it is {short(cur[rel])} "
+                    f"({self.describe(rel, cur[rel])}); someone edited it. Run `fixpack verify` for details; reinstall the package or `fixpack revert --all` after restoring it"
+                )
+            return steps
+        if state is not None:
+            self.report.say(f"warning: {self.store.state_path} is corrupt; working out the applied fixes from file hashes")
+        return self.infer_steps()
+
+    def infer_steps(self) -> list[dict]:
+        """No (usable) state record: find the pinned prefix the files are in."""
+        if self.lock is None:
+            return []
+        cur = self.current(self.lock.pristine)
+        if all(cur[r] == h for r, h in self.lock.pristine.items() if r in self.files):
+            return []
+        for sel in self.lock.data["selections"]:
+            steps = sel["steps"]
+            for k in range(len(steps), 0, -1):
+                exp = dict(self.lock.pristine)
+                exp.update(self.expected_after(steps[:k]))
+                if all(cur.get(r) == h for r, h in exp.items()):
+                    self.report.say(f"recovered: files match selection {sel['key']} up to {steps[k - 1]['fix']}")
+                    return [dict(s, fix_hash=self.lock.data["fixes"][s["fix"]]["hash"], layer=self.lock.data["fixes"][s["fix"]].get("layer", "profile")) for s in steps[:k]]
+        return []
+
+    def check_base(self, applied: list[dict]) -> None:
+        """Files of this selection that no applied fix touched must be pristine."""
+        touched = set(self.expected_after(applied))
+        rest = [r for r in self.files if r not in touched]
+        if not rest or self.lock is None:
+            return
+        cur = self.current(rest)
+        for rel in rest:
+            want = self.pristine(rel)
+            if cur[rel] != want:
+                raise BaseMismatch(
+                    f"{rel}: expected the pristine {self.profile.name} file {short(want)}, found {short(cur[rel])} "
+                    f"({self.describe(rel, cur[rel])}). This image is not the release the profile pins; nothing was changed"
+                )
+
+    # ---- journal
+    def recover(self) -> None:
+        journal = self.store.read_journal()
+        if journal is None:
+            return
+        if journal.get("__corrupt__"):
+            raise Drift(f"{self.store.journal_path} is unreadable; inspect the files with `fixpack verify`, then remove it")
+        self.report.say(f"recovering an interrupted run: {journal['op']} {journal['step']['fix']}")
+        cur = self.current(journal["files"])
+        for rel, (src, dst) in journal["files"].items():
+            if cur[rel] == dst:
+                continue
+            if cur[rel] != src:
+                raise Drift(f"{rel}: interrupted run left {short(cur[rel])}, neither {short(src)} nor {short(dst)}")
+            p = self.path(rel)
+            atomic_write(p, self.store.get(dst), like=os.stat(p), label=rel)
+            drop_bytecode(p)
+        state = self.store.read_state()
+        if not state or state.get("__corrupt__"):
+            state = dict(journal["state_base"], steps=journal["steps_before"])
+        steps = state.get("steps", [])
+        if journal["op"] == "apply" and (not steps or steps[-1]["fix"] != journal["step"]["fix"]):
+            steps.append(journal["step"])
+        if journal["op"] == "unwind" and steps and steps[-1]["fix"] == journal["step"]["fix"]:
+            steps.pop()
+        state["steps"] = steps
+        self.store.write_state(state)
+        self.store.clear_journal()
+
+    def commit(self, op: str, step: dict, changes: dict[str, tuple[bytes, bytes]], steps_before: list[dict]) -> list[dict]:
+        """Write a fix's files all-or-nothing: backups, journal, renames, state, journal gone."""
+        for rel, (old, new) in changes.items():
+            self.store.put(old)
+            self.store.put(new)
+        files = {rel: [sha256_bytes(o), sha256_bytes(n)] for rel, (o, n) in changes.items()}
+        base = self._base_state()
+        self.store.write_journal({"op": op, "step": step, "files": files, "state_base": base, "steps_before": steps_before})
+        crashpoint(f"journal written for {op} {step['fix']}")
+        for rel, (_, new) in changes.items():
+            p = self.path(rel)
+            try:
+                like = os.stat(p)
+            except OSError as exc:
+                raise fs_error(exc, f"cannot stat {p}") from exc
+            atomic_write(p, new, like=like, label=rel)
+            drop_bytecode(p)
+        steps = list(steps_before)
+        if op == "apply":
+            steps.append(step)
+        else:
+            steps = [s for s in steps if s["fix"] != step["fix"]]
+        self.store.write_state(dict(base, steps=steps))
+        crashpoint(f"state written for {op} {step['fix']}")
+        self.store.clear_journal()
+        return steps
+
+    # ---- workers
+    def run_worker(self, fix: Fix, inputs: dict[str, Path]) -> dict[str, bytes]:
+        stage = self.store.dir / "staging" / fix.id
+        shutil.rmtree(stage, ignore_errors=True)
+        try:
+            stage.mkdir(parents=True)
+        except OSError as exc:
+            raise fs_error(exc, f"cannot create {stage}") from exc
+        job = {
+            "fix_dir": str(fix.dir),
+            "kind": fix.kind,
+            "stage_dir": str(stage),
+            "check_idempotent": self.check_idempotent,
+            "targets": [{"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")} for i, (rel, src) in enumerate(inputs.items())],
+        }
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        pkg_parent = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "fixpack.worker"], input=json.dumps(job), capture_output=True, text=True, timeout=self.timeout, cwd=stage, env=env
+            )
+        except subprocess.TimeoutExpired:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise FixFailed(f"{fix.id}: its process did not finish within {self.timeout:.0f} s; nothing was written") from None
+        try:
+            lines = proc.stdout.strip().splitlines()
+            result = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            result = {}
+        if proc.returncode != 0 or "outputs" not in result:
+            err = result.get("error") or (proc.stderr.strip().splitlines() or ["crashed with no output"])[-1]
+            tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
+            shutil.rmtree(stage, ignore_errors=True)
+            raise FixFailed(f"{fix.id}: {err}" + (f"\n--- its output:\n{tail}" if tail and tail not in err else "") + "\nnothing was written")
+        produced = {p.name for p in stage.iterdir()}
+        expected = {Path(t["out"]).name for t in job["targets"]}
+        if produced - expected:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise FixFailed(f"{fix.id}: wrote files it did not declare ({', '.join(sorted(produced - expected))}); nothing was written")
+        out = {t["rel"]: Path(t["out"]).read_bytes() for t in job["targets"]}
+        shutil.rmtree(stage, ignore_errors=True)
+        return out
+
+    # ---- apply
+    def fast_path_done(self) -> bool:
+        """Already applied: only hashes, no lock, no worker, no libcst."""
+        if self.pinned is None:
+            return False
+        state = self.store.read_state()
+        if not state or state.get("__corrupt__") or self.store.journal_path.exists():
+            return False
+        steps = state.get("steps", [])
+        if state.get("key") != self.key or [(s["fix"], s.get("fix_hash")) for s in steps] != [(f.id, self._fix_hash[f.id]) for f in self.fixes]:
+            return False
+        exp = self.expected_after(self.pinned["steps"])
+        exp_state = self.expected_after(steps)
+        if exp != exp_state:
+            return False
+        cur = self.current(exp)
+        return cur == exp
+
+    def apply(self, dry_run: bool = False) -> int:
+        t0 = time.perf_counter()
+        if self.fast_path_done():
+            self.report.line(self.key, "ok", f"already applied: {len(self.fixes)} fixes, {len(self.files)} files match their pins ({time.perf_counter() - t0:.2f}s)")
+            return 0
+        if dry_run:
+            state = self.store.read_state()
+            applied = self.applied_steps(state) if state is not None or self.lock else []
+            self.check_base(applied)
+            ids = [s["fix"] for s in applied]
+            pending = [f.id for f in self.fixes if f.id not in ids]
+            for fid in pending:
+                self.report.line(fid, "pending")
+            return 1 if pending or len(ids) != len(self.fixes) else 0
+        self.store.lock(self.lock_wait)
+        try:
+            self.recover()
+            if self.fast_path_done():
+                self.report.line(self.key, "ok", "already applied (by a concurrent run)")
+                return 0
+            applied = self.applied_steps(self.store.read_state())
+            self.check_base(applied)
+            common = 0
+            while (
+                common < len(applied)
+                and common < len(self.fixes)
+                and applied[common]["fix"] == self.fixes[common].id
+                and applied[common].get("fix_hash") == self._fix_hash[self.fixes[common].id]
+            ):
+                common += 1
+            steps = applied
+            for s in reversed(applied[common:]):
+                steps = self.unwind(s, steps)
+            pinned_steps = {s["fix"]: s["files"] for s in self.pinned["steps"]} if self.pinned else {}
+            for fix in self.fixes[common:]:
+                steps = self.apply_one(fix, steps, pinned_steps.get(fix.id))
+            if self.pinned is None or self.lock is None:
+                self.store.write_state(dict(self._base_state(), steps=steps))
+            return 0
+        finally:
+            self.store.unlock()
+
+    def apply_one(self, fix: Fix, steps: list[dict], pins: dict | None) -> list[dict]:
+        t0 = time.perf_counter()
+        rels = fix.target_rels
+        cur = self.current(rels)
+        for rel in rels:
+            if cur[rel] is None:
+                raise BaseMismatch(f"{fix.id}: target {rel} does not exist in {self.found.get(rel.split('/')[0])}; nothing was changed")
+            if pins is not None and cur[rel] != pins[rel][0]:
+                raise BaseMismatch(
+                    f"{fix.id}: {rel} is {short(cur[rel])} ({self.describe(rel, cur[rel])}), expected {short(pins[rel][0])} "
+                    f"({self.describe(rel, pins[rel][0])}); nothing was changed"
+                )
+        inputs = {rel: self.path(rel) for rel in rels}
+        old = {rel: inputs[rel].read_bytes() for rel in rels}
+        if any(sha256_bytes(old[r]) != cur[r] for r in rels):
+            raise Drift(f"{fix.id}: a target changed while it was being read; nothing was changed")
+        new = self.run_worker(fix, inputs)
+        files = {rel: [cur[rel], sha256_bytes(new[rel])] for rel in rels}
+        if pins is not None:
+            for rel in rels:
+                if files[rel][1] != pins[rel][1]:
+                    raise FixFailed(f"{fix.id}: {rel} came out {short(files[rel][1])}, the pin is {short(pins[rel][1])}; nothing was written (the fix changed since the lock, or the worker misbehaved)")
+        changes = {rel: (old[rel], new[rel]) for rel in rels if old[rel] != new[rel]}
+        if not changes:
+            raise FixFailed(f"{fix.id}: changed nothing in {', '.join(rels)}; a fix that changes nothing cannot be pinned")
+        step = self.step_record(fix, files)
+        steps = self.commit("apply", step, changes, steps)
+        detail = "  ".join(f"{rel.split('/')[-1]} {short(b)[:8]}>{short(a)[:8]}" for rel, (b, a) in files.items())
+        self.report.line(fix.id, "applied", f"{detail}  {time.perf_counter() - t0:.2f}s", files=files, seconds=round(time.perf_counter() - t0, 3))
+        return steps
+
+    def unwind(self, step: dict, steps: list[dict]) -> list[dict]:
+        changes = {}
+        cur = self.current(step["files"])
+        for rel, (before, after) in step["files"].items():
+            if cur[rel] != after:
+                raise Drift(f"{rel}: cannot undo {step['fix']}: the file is {short(cur[rel])}, not its result {short(after)}")
+            changes[rel] = (self.path(rel).read_bytes(), self.store.get(before))
+        steps = self.commit("unwind", step, changes, steps)
+        self.report.line(step["fix"], "reverted", ", ".join(step["files"]))
+        return steps
+
+
+def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Reporter) -> tuple[int, dict]:
+    """What the image holds, from the state record and the files themselves."""
+    state = store.read_state()
+    result: dict = {"state": str(store.state_path), "fixes": [], "files": {}, "drift": False}
+    if state is None or state.get("__corrupt__"):
+        result["applied"] = None
+        report.say("no state record: nothing applied by fixpack" if state is None else f"state record {store.state_path} is corrupt")
+        if state is not None:
+            result["drift"] = True
+            return 5, result
+        if lock:
+            for rel, h in sorted(lock.pristine.items()):
+                package, sub = rel.split("/", 1)
+                if package in found:
+                    p = found[package] / sub
+                    cur = sha256_file(p) if p.is_file() else None
+                    status = "untouched" if cur == h else "drifted"
+                    result["files"][rel] = {"status": status, "found": cur, "expected": h}
+                    if status != "untouched":
+                        result["drift"] = True
+                        report.line(rel, status, f"found {short(cur)}, pristine is {short(h)}")
+        return (5 if result["drift"] else 0), result
+    result["applied"] = {k: state.get(k) for k in ("profile", "port", "opt_in", "key", "tool_version", "updated")}
+    report.say(f"profile {state.get('profile')}  selection {state.get('key')}  by fixpack {state.get('tool_version')} at {state.get('updated')}")
+    final: dict[str, str] = {}
+    for s in state.get("steps", []):
+        for rel, (_, after) in s["files"].items():
+            final[rel] = after
+    cur: dict[str, str | None] = {}
+    for rel in final:
+        package, sub = rel.split("/", 1)
+        p = found.get(package, Path("/nonexistent")) / sub
+        cur[rel] = sha256_file(p) if p.is_file() and not p.is_symlink() else None
+    for s in state.get("steps", []):
+        ok = all(cur[rel] == final[rel] for rel in s["files"])
+        status = "applied" if ok else "drifted"
+        report.line(s["fix"], status, ", ".join(f"{rel}: {short(cur[rel])}" for rel in s["files"]) if not ok else f"{len(s['files'])} file(s)")
+        result["fixes"].append({"fix": s["fix"], "status": status, "files": list(s["files"])})
+        result["drift"] |= not ok
+    for rel in final:
+        result["files"][rel] = {"status": "fixed" if cur[rel] == final[rel] else "drifted", "found": cur[rel], "expected": final[rel]}
+    if lock:
+        for rel, h in sorted(lock.pristine.items()):
+            if rel in final:
+                continue
+            package, sub = rel.split("/", 1)
+            if package not in found:
+                continue
+            p = found[package] / sub
+            c = sha256_file(p) if p.is_file() else None
+            status = "untouched" if c == h else "drifted"
+            result["files"][rel] = {"status": status, "found": c, "expected": h}
+            if status == "drifted":
+                result["drift"] = True
+                report.line(rel, "drifted", f"found {short(c)}, pristine is {short(h)}")
+    return (5 if result["drift"] else 0), result
+
+
+def revert(engine: Engine, fix_id: str | None) -> int:
+    """Undo one applied fix (no later fix may touch its files) or all of them, exactly."""
+    engine.store.lock(engine.lock_wait)
+    try:
+        engine.recover()
+        state = engine.store.read_state()
+        steps = engine.applied_steps(state)
+        if not steps:
+            engine.report.say("nothing applied; nothing to revert")
+            return 0
+        if fix_id is None:
+            for s in reversed(list(steps)):
+                steps = engine.unwind(s, steps)
+            return 0
+        ids = [s["fix"] for s in steps]
+        if fix_id not in ids:
+            raise ConfigError(f"{fix_id} is not applied (applied: {', '.join(ids)})")
+        i = ids.index(fix_id)
+        mine = set(steps[i]["files"])
+        later = [s["fix"] for s in steps[i + 1 :] if mine & set(s["files"])]
+        if later:
+            raise ConfigError(f"{fix_id}: later fix(es) {', '.join(later)} change the same file(s); revert them first, or use --all")
+        engine.unwind(steps[i], steps)
+        return 0
+    finally:
+        engine.store.unlock()

@@ -1,0 +1,71 @@
+"""The container-start re-check: is the requested selection already applied?
+
+Runs before anything else is imported (no YAML, no libcst, no gitpython, no worker): reads
+the lock and the state record as JSON and hashes the target files. Any doubt returns False
+and the full engine takes over, which re-checks everything itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+
+def _sha(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def fix_hash(fix_dir: str) -> str | None:
+    """Same value as pack.Fix.content_hash, without parsing fix.yaml."""
+    h = hashlib.sha256()
+    change = [n for n in ("patch.diff", "codemod.py") if os.path.isfile(os.path.join(fix_dir, n))]
+    if len(change) != 1:
+        return None
+    for name in ("fix.yaml", change[0]):
+        with open(os.path.join(fix_dir, name), "rb") as f:
+            h.update(name.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()
+
+
+def already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str | None, state_dir: str, packages: dict[str, str]) -> dict | None:
+    """The pinned selection if the files and the state record are exactly at its end state."""
+    try:
+        with open(os.path.join(pack_root, "profiles", f"{profile}.lock.json"), "rb") as f:
+            lock = json.load(f)
+        with open(os.path.join(state_dir, "state.json"), "rb") as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if os.path.exists(os.path.join(state_dir, "journal.json")):
+        return None
+    want = [s for s in lock.get("selections", []) if s.get("port") == port and sorted(s.get("opt_in", [])) == sorted(opt_ins)]
+    if len(want) != 1 or state.get("key") != want[0]["key"]:
+        return None
+    sel = want[0]
+    steps = state.get("steps", [])
+    if [s.get("fix") for s in steps] != [s["fix"] for s in sel["steps"]]:
+        return None
+    final: dict[str, str] = {}
+    for pinned, recorded in zip(sel["steps"], steps):
+        layer = lock["fixes"][pinned["fix"]].get("layer", "profile")
+        base = os.path.join(pack_root, "ports", layer[5:], "fixes") if layer.startswith("port:") else os.path.join(pack_root, "fixes")
+        h = fix_hash(os.path.join(base, pinned["fix"]))
+        if h is None or h != lock["fixes"][pinned["fix"]]["hash"] or recorded.get("fix_hash") != h:
+            return None
+        if recorded.get("files") != pinned["files"]:
+            return None
+        for rel, (_, after) in pinned["files"].items():
+            final[rel] = after
+    for rel, after in final.items():
+        pkg, sub = rel.split("/", 1)
+        if pkg not in packages:
+            return None
+        path = os.path.join(packages[pkg], sub)
+        if os.path.islink(path) or _sha(path) != after:
+            return None
+    return sel

@@ -1,0 +1,44 @@
+"""The fixpack command line: parses and dispatches; each command lives in fixpack/commands/."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from fixpack import __version__
+from fixpack.errors import FixpackError
+
+COMMANDS = ["list", "show", "apply", "verify", "revert", "validate", "sources", "manifest", "lock", "check", "rebase_report", "recipe"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fixpack", description="Hash-pinned source fixes for vLLM on Intel Gaudi.")
+    parser.add_argument("--version", action="version", version=f"fixpack {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"fixpack.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"fixpack.commands.{name}":
+                continue
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except FixpackError as exc:
+        print(f"fixpack: {exc.label}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("fixpack: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Shared by manifest, lock, check and rebase-report: scratch trees and record-mode runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from fixpack import sources
+from fixpack.engine import Engine, Reporter
+from fixpack.hashing import sha256_file
+from fixpack.lockfile import LOCK_FORMAT, selection_key
+from fixpack.pack import Pack, Port, Profile
+from fixpack.store import Store
+
+
+@contextmanager
+def scratch(prefix: str = "fixpack-"):
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def pristine_tree(profile: Profile, dest: Path) -> Path:
+    return sources.materialise(profile.base["sources"], dest / "tree", profile.packages)
+
+
+def tree_hashes(tree: Path, packages: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for pkg in packages:
+        files = {}
+        base = tree / pkg
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(filenames):
+                p = Path(dirpath) / name
+                files[p.relative_to(base).as_posix()] = sha256_file(p)
+        out[pkg] = files
+    return out
+
+
+def selections(pack: Pack, profile: Profile) -> list[tuple[Port | None, list[str]]]:
+    """Every selection the profile allows: its defaults with each subset of its opt-ins, alone
+    and with each port built on it."""
+    opt = profile.opt_ins
+    subsets = [list(c) for r in range(len(opt) + 1) for c in itertools.combinations(opt, r)]
+    ports = [None] + [pack.port(n) for n in pack.port_names() if pack.port(n).profile == profile.name]
+    return [(port, subset) for port in ports for subset in subsets]
+
+
+def record_selection(pack: Pack, profile: Profile, port: Port | None, opt_ins: list[str], tree: Path, quiet=True) -> list[dict]:
+    """Apply a selection to a pristine tree without pins, checking idempotence; return its steps."""
+    found = {p: tree / p for p in profile.packages}
+    store = Store(tree / ".fixpack")
+    engine = Engine(pack, profile, port, opt_ins, found, store, None, report=Reporter(quiet=quiet), check_idempotent=True)
+    engine.apply()
+    return store.read_state()["steps"]
+
+
+def build_lock(pack: Pack, profile: Profile, manifest: dict, work: Path, quiet=True) -> dict:
+    fixes: dict[str, dict] = {}
+    sels = []
+    pristine: dict[str, str] = {}
+    for port, opt in selections(pack, profile):
+        with scratch() as d:
+            tree = pristine_tree(profile, d)
+            steps = record_selection(pack, profile, port, opt, tree, quiet=quiet)
+        key = selection_key(port.name if port else None, opt)
+        for s in steps:
+            fixes[s["fix"]] = {"layer": s["layer"], "hash": s["fix_hash"]}
+            for rel, (before, _) in s["files"].items():
+                pkg, sub = rel.split("/", 1)
+                pristine.setdefault(rel, manifest[pkg][sub])
+        sels.append({"key": key, "port": port.name if port else None, "opt_in": opt, "steps": [{"fix": s["fix"], "files": s["files"]} for s in steps]})
+    return {
+        "format": LOCK_FORMAT,
+        "profile": profile.name,
+        "sources": profile.base["sources"],
+        "pristine": dict(sorted(pristine.items())),
+        "fixes": dict(sorted(fixes.items())),
+        "selections": sels,
+    }
+
+
+def dump(data) -> str:
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"

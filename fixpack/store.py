@@ -1,0 +1,212 @@
+"""The state beside the targets: state record, journal, content-addressed backups, lock.
+
+Layout of ``<state_dir>`` (``.fixpack`` next to the package folders):
+  state.json    what is applied: profile, selection, ordered fixes, per-file before/after hashes
+  journal.json  present only while a fix is being committed; lets the next run finish it
+  objects/      every file content fixpack ever replaced or wrote, by sha256 (exact revert)
+  lock          flock'ed for the whole run
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from fixpack.errors import Drift, EnvironmentFault, Locked
+from fixpack.hashing import sha256_bytes
+
+STATE_FORMAT = 1
+
+# ---- crash points (reliability tests kill the process at the N-th write point)
+_crash_counter = 0
+
+
+def crashpoint(label: str) -> None:
+    """A write point. FIXPACK_CRASH_AT=N kills the process (SIGKILL) at the N-th one;
+    FIXPACK_CRASH_LOG=FILE appends each label, so a test can enumerate them."""
+    global _crash_counter
+    at = os.environ.get("FIXPACK_CRASH_AT")
+    log = os.environ.get("FIXPACK_CRASH_LOG")
+    if not at and not log:
+        return
+    _crash_counter += 1
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{_crash_counter}\t{label}\n")
+    if at and int(at) == _crash_counter:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fs_error(exc: OSError, what: str) -> EnvironmentFault:
+    reason = {
+        errno.ENOSPC: "no space left on device",
+        errno.EROFS: "read-only file system",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.EDQUOT: "disk quota exceeded",
+    }.get(exc.errno, exc.strerror or str(exc))
+    return EnvironmentFault(f"{what}: {reason}")
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None, label: str = "") -> None:
+    """Stage next to ``path``, fsync, keep mode and owner, rename over it, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.fixpack-tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if like is not None:
+            os.chmod(tmp, like.st_mode & 0o7777)
+            try:
+                os.chown(tmp, like.st_uid, like.st_gid)
+            except PermissionError:
+                pass
+        crashpoint(f"staged {label or path.name}")
+        os.replace(tmp, path)
+        crashpoint(f"renamed {label or path.name}")
+        fsync_dir(path.parent)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise fs_error(exc, f"cannot write {path}") from exc
+
+
+def drop_bytecode(path: Path) -> None:
+    """A rewritten .py must never run as its stale .pyc."""
+    cache = path.parent / "__pycache__"
+    if not cache.is_dir():
+        return
+    for pyc in cache.glob(f"{path.stem}.*.pyc"):
+        try:
+            pyc.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise fs_error(exc, f"cannot remove stale bytecode {pyc}") from exc
+
+
+class Store:
+    def __init__(self, state_dir: Path):
+        self.dir = state_dir
+        self.objects = state_dir / "objects"
+        self.state_path = state_dir / "state.json"
+        self.journal_path = state_dir / "journal.json"
+        self.lock_path = state_dir / "lock"
+        self._lock_fd: int | None = None
+
+    # ---- objects
+    def ensure(self) -> None:
+        try:
+            self.objects.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise fs_error(exc, f"cannot create the state folder {self.dir}") from exc
+
+    def put(self, data: bytes) -> str:
+        h = sha256_bytes(data)
+        path = self.objects / h[:2] / h[2:]
+        if path.is_file() and sha256_bytes(path.read_bytes()) == h:
+            return h
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise fs_error(exc, f"cannot write backup {path}") from exc
+        atomic_write(path, data, label=f"object {h[:12]}")
+        return h
+
+    def get(self, h: str) -> bytes:
+        path = self.objects / h[:2] / h[2:]
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise Drift(f"backup {h[:12]} is missing from {self.objects}; cannot restore those exact bytes") from None
+        if sha256_bytes(data) != h:
+            raise Drift(f"backup {path} is corrupt (its content does not hash to its name)")
+        return data
+
+    def has(self, h: str) -> bool:
+        return (self.objects / h[:2] / h[2:]).is_file()
+
+    # ---- state record and journal
+    def read_json(self, path: Path) -> dict | None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise fs_error(exc, f"cannot read {path}") from exc
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return {"__corrupt__": True}
+        return data if isinstance(data, dict) else {"__corrupt__": True}
+
+    def read_state(self) -> dict | None:
+        return self.read_json(self.state_path)
+
+    def write_state(self, state: dict) -> None:
+        state = dict(state, format=STATE_FORMAT, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        atomic_write(self.state_path, json.dumps(state, indent=1, sort_keys=True).encode() + b"\n", label="state.json")
+
+    def read_journal(self) -> dict | None:
+        return self.read_json(self.journal_path)
+
+    def write_journal(self, journal: dict) -> None:
+        atomic_write(self.journal_path, json.dumps(journal, indent=1).encode(), label="journal.json")
+
+    def clear_journal(self) -> None:
+        try:
+            self.journal_path.unlink()
+        except FileNotFoundError:
+            pass
+        crashpoint("journal removed")
+
+    # ---- lock
+    def lock(self, timeout: float) -> None:
+        import fcntl
+
+        self.ensure()
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise fs_error(exc, f"cannot open the lock {self.lock_path}") from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise Locked(f"another fixpack run holds {self.lock_path} for more than {timeout:.0f} s; wait for it or check for a hung process")
+                time.sleep(0.05)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None

@@ -1,0 +1,52 @@
+"""What the port can serve, checked once at construction with a message that says why."""
+
+from typing import Any
+
+
+class UnsupportedConfigError(ValueError):
+    """The configuration asks for something the GLM-5.3-Flash Gaudi port cannot serve."""
+
+
+def _text(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def validate_config(config: Any, tp_size: int = 1, prefix_caching: bool = False) -> None:
+    """Raise :class:`UnsupportedConfigError` listing every problem; return None when servable.
+
+    ``config`` is a transformers ``Glm5NextConfig`` or ``Glm5NextTextConfig``.
+    """
+    t = _text(config)
+    problems: list[str] = []
+    if prefix_caching:
+        problems.append(
+            "prefix caching is not supported: the KDA layers keep one recurrent state per sequence, "
+            "not per KV block, so a cached prefix has no state to resume from (serve with prefix caching off)"
+        )
+    if t.qk_rope_head_dim != 0:
+        problems.append(f"qk_rope_head_dim must be 0 (NoPE MLA), got {t.qk_rope_head_dim}")
+    if t.hc_mult != 4:
+        problems.append(f"hc_mult must be 4 (the Sinkhorn kernel is 4 x 4), got {t.hc_mult}")
+    if t.linear_lower_bound is None:
+        problems.append("linear_lower_bound is None (Kimi softplus gate); the port implements the bounded GLM gate")
+    if t.linear_head_dim % 16:
+        problems.append(f"linear_head_dim must be a multiple of 16, got {t.linear_head_dim}")
+    bad_types = sorted(set(t.layer_types) - {"linear_attention", "indexed_attention"})
+    if bad_types:
+        problems.append(f"unknown layer_types {bad_types}")
+    if any(kind == "shared" for kind in t.indexer_types):
+        problems.append("indexer_types 'shared' is not served: every MLA layer follows a KDA layer, which has no top-k to share")
+    if tp_size < 1:
+        problems.append(f"tp_size must be >= 1, got {tp_size}")
+    else:
+        for name, value in (
+            ("num_attention_heads", t.num_attention_heads),
+            ("linear_num_heads", t.linear_num_heads),
+            ("intermediate_size", t.intermediate_size),
+            ("moe_intermediate_size", t.moe_intermediate_size),
+            ("index_n_heads", t.index_n_heads),
+        ):
+            if value % tp_size:
+                problems.append(f"{name} ({value}) is not divisible by the tensor-parallel size {tp_size}")
+    if problems:
+        raise UnsupportedConfigError("GLM-5.3-Flash port cannot serve this configuration:\n  - " + "\n  - ".join(problems))
