@@ -8,15 +8,14 @@ container start the selection is usually applied already: that case is answered 
 alone (fixpack.fastpath), before the rest of fixpack is imported.
 """
 
+import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# os.path, not pathlib: pathlib alone costs more than the whole already-applied check.
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
 
 def _fast(argv):
-    import os
-
     from fixpack.fastpath import already_applied
 
     opts, names, i = {}, [], 0
@@ -30,26 +29,12 @@ def _fast(argv):
         else:
             names.append(a)
             i += 1
-    if "--profile" not in opts or any(n in sys.modules for n in ("vllm", "vllm_gaudi")):
+    if "--profile" not in opts:
         return False
-    pack = os.path.abspath(opts.get("--pack", os.path.dirname(os.path.abspath(__file__))))
-    names_of_packages = ("vllm", "vllm_gaudi")
-    if "--root" in opts:
-        root = os.path.abspath(opts["--root"])
-        packages = {n: os.path.join(root, n) for n in names_of_packages}
-        default_state = os.path.join(root, ".fixpack")
-    else:
-        import importlib.util
-
-        packages = {}
-        for n in names_of_packages:
-            spec = importlib.util.find_spec(n)  # top-level: locates, does not import
-            if spec is None or not spec.submodule_search_locations:
-                return False
-            packages[n] = list(spec.submodule_search_locations)[0]
-        default_state = os.path.join(sorted(os.path.dirname(p) for p in packages.values())[0], ".fixpack")
-    state_dir = os.path.abspath(opts.get("--state-dir", default_state))
-    sel = already_applied(pack, opts["--profile"], names, opts.get("--port"), state_dir, packages)
+    pack = os.path.abspath(opts.get("--pack", os.path.dirname(os.path.realpath(__file__))))
+    root = os.path.abspath(opts["--root"]) if "--root" in opts else None
+    state_dir = os.path.abspath(opts["--state-dir"]) if "--state-dir" in opts else None
+    sel = already_applied(pack, opts["--profile"], names, opts.get("--port"), root, state_dir)
     if sel is None:
         return False
     print(f"{opts['--profile']}: already applied ({len(sel['steps'])} fixes, all files at their pins)")

@@ -32,14 +32,35 @@ def fix_hash(fix_dir: str) -> str | None:
     return h.hexdigest()
 
 
-def already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str | None, state_dir: str, packages: dict[str, str]) -> dict | None:
+def locate(names: list[str], root: str | None) -> dict[str, str] | None:
+    """Package folders under ``root``, or where Python finds them (find_spec does not import)."""
+    if root is not None:
+        return {n: os.path.join(root, n) for n in names}
+    import importlib.util
+
+    out = {}
+    for n in names:
+        spec = importlib.util.find_spec(n)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        out[n] = list(spec.submodule_search_locations)[0]
+    return out
+
+
+def already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str | None, root: str | None, state_dir: str | None) -> dict | None:
     """The pinned selection if the files and the state record are exactly at its end state."""
     try:
         with open(os.path.join(pack_root, "profiles", f"{profile}.lock.json"), "rb") as f:
             lock = json.load(f)
+        packages = locate(lock["packages"], root)
+        if packages is None:
+            return None
+        if state_dir is None:
+            # same rule as targets.default_state_dir
+            state_dir = os.path.join(root, ".fixpack") if root else os.path.join(sorted(os.path.dirname(p) for p in packages.values())[0], ".fixpack")
         with open(os.path.join(state_dir, "state.json"), "rb") as f:
             state = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, ImportError):
         return None
     if os.path.exists(os.path.join(state_dir, "journal.json")):
         return None

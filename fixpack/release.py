@@ -63,25 +63,29 @@ def record_selection(pack: Pack, profile: Profile, port: Port | None, opt_ins: l
     return store.read_state()["steps"]
 
 
-def build_lock(pack: Pack, profile: Profile, manifest: dict, work: Path, quiet=True) -> dict:
+def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, quiet=True) -> dict:
+    """Apply every selection to a fresh pristine tree (``make_tree(dest) -> tree``; default:
+    the profile's release sources) and collect the pinned hashes."""
+    make_tree = make_tree or (lambda dest: pristine_tree(profile, dest))
     fixes: dict[str, dict] = {}
     sels = []
     pristine: dict[str, str] = {}
     for port, opt in selections(pack, profile):
         with scratch() as d:
-            tree = pristine_tree(profile, d)
+            tree = make_tree(d)
             steps = record_selection(pack, profile, port, opt, tree, quiet=quiet)
         key = selection_key(port.name if port else None, opt)
         for s in steps:
             fixes[s["fix"]] = {"layer": s["layer"], "hash": s["fix_hash"]}
-            for rel, (before, _) in s["files"].items():
+            for rel in s["files"]:
                 pkg, sub = rel.split("/", 1)
                 pristine.setdefault(rel, manifest[pkg][sub])
         sels.append({"key": key, "port": port.name if port else None, "opt_in": opt, "steps": [{"fix": s["fix"], "files": s["files"]} for s in steps]})
     return {
         "format": LOCK_FORMAT,
         "profile": profile.name,
-        "sources": profile.base["sources"],
+        "packages": profile.packages,
+        "sources": profile.base.get("sources", {}),
         "pristine": dict(sorted(pristine.items())),
         "fixes": dict(sorted(fixes.items())),
         "selections": sels,

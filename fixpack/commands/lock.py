@@ -27,8 +27,7 @@ def run(args) -> int:
     if not profile.manifest_path.exists():
         raise ConfigError(f"{profile.manifest_path} is missing; run `fixpack manifest --profile {profile.name}` first")
     manifest = json.loads(profile.manifest_path.read_text())["files"]
-    with release.scratch() as d:
-        data = release.build_lock(pack, profile, manifest, d, quiet=True)
+    data = release.build_lock(pack, profile, manifest, quiet=True)
     text = release.dump(data)
     summary = f"{len(data['selections'])} selections, {len(data['fixes'])} fixes, {len(data['pristine'])} files"
     if args.check:

@@ -303,7 +303,9 @@ class MLAAttention(nn.Module):
                 c = torch.cat([cache.latent[self.layer_idx], c], dim=1)
             cache.latent[self.layer_idx] = c
             key_valid = cache.key_valid
-        k_nope, v = self.kv_b_proj(c).view(B, -1, self.num_heads, self.nope + self.v_dim).transpose(1, 2).split(
+        # Padded keys are masked out of the softmax, but 0 * NaN = NaN in probs @ v: clear them.
+        c_keys = torch.where(key_valid[..., None], c, torch.zeros((), dtype=c.dtype))
+        k_nope, v = self.kv_b_proj(c_keys).view(B, -1, self.num_heads, self.nope + self.v_dim).transpose(1, 2).split(
             [self.nope, self.v_dim], dim=-1
         )
         S = c.shape[1]

@@ -161,4 +161,4 @@ def nonfinite(x: torch.Tensor) -> int:
 
 
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max())
+    return float((a.detach().double() - b.detach().double()).abs().max())

@@ -1,0 +1,135 @@
+"""KDA prefill benchmark: the port's chunk_kda against transformers' torch chunk function.
+
+Not a test. fp32 on CPU, batch 1, 4 heads x 128, 1K / 4K / 8K tokens, saturated-ish gate.
+
+  .venv/bin/python bench/bench_kda.py            # full table (about 2 minutes on 2 cores)
+  .venv/bin/python bench/bench_kda.py --lengths 1024
+
+Method:
+* wall time: in a fresh subprocess per (implementation, length); the first call is
+  the memory measurement, then 3 timed calls; min and median reported.
+* peak memory: ru_maxrss (peak RSS of the process) after the first call minus
+  ru_maxrss just before it, inputs already allocated. tracemalloc does not see torch
+  allocations; a fresh process per measurement keeps earlier peaks out of the baseline.
+* aten ops per call: every op that reaches a TorchDispatchMode (views included),
+  counted in-process on one call. Decode: one fused_recurrent_kda step on a warm state.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PORT = Path(__file__).resolve().parents[1] / "ports" / "glm-5-3-flash"
+H, K = 4, 128
+
+
+def _inputs(T, seed=0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, T, H, K, generator=g) for _ in range(3))
+    gate = -5 * torch.sigmoid(2 + torch.randn(1, T, H, K, generator=g))
+    beta = torch.rand(1, T, H, generator=g)
+    return q, k, v, gate, beta
+
+
+def _fn(impl):
+    sys.path.insert(0, str(PORT))
+    if impl == "reference":
+        from transformers.models.glm5_next.modeling_glm5_next import chunk_kimi_delta_attention
+
+        return lambda q, k, v, g, b: chunk_kimi_delta_attention(
+            q, k, v, g=g, beta=b, output_final_state=True, use_qk_l2norm_in_kernel=True
+        )
+    from glm5_next_hpu.kda import chunk_kda
+
+    use_scan = impl == "port-scan"
+    return lambda q, k, v, g, b: chunk_kda(q, k, v, g, b, use_scan=use_scan)
+
+
+def child(impl, T):
+    import torch
+
+    torch.set_num_threads(2)
+    fn = _fn(impl)
+    args = _inputs(T)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with torch.no_grad():
+        fn(*args)
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - t)
+    print(json.dumps(dict(impl=impl, T=T, peak_mb=peak_kb / 1024, t_min=min(times), t_med=statistics.median(times))))
+
+
+def count_ops(impl, T):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    args = _inputs(T)
+    if impl == "decode":
+        sys.path.insert(0, str(PORT))
+        from glm5_next_hpu.kda import fused_recurrent_kda
+
+        state = torch.zeros(1, H, K, K)
+        args = [a[:, :1] for a in args]
+        with Count():
+            fused_recurrent_kda(*args, initial_state=state)
+        return Count.n
+    fn = _fn(impl)
+    with torch.no_grad(), Count():
+        fn(*args)
+    return Count.n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 8192])
+    ap.add_argument("--child", nargs=2)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child[0], int(a.child[1]))
+        return
+    impls = ["reference", "port-scan", "port-seq"]
+    res = {}
+    for T in a.lengths:
+        for impl in impls:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", impl, str(T)], capture_output=True, text=True, check=True,
+                env={**os.environ, "OMP_NUM_THREADS": "2"},
+            )
+            res[(impl, T)] = json.loads(out.stdout.strip().splitlines()[-1])
+            res[(impl, T)]["ops"] = count_ops(impl, T)
+    decode_ops = count_ops("decode", 1)
+    print(f"KDA prefill, fp32 CPU ({os.cpu_count()} cores, 2 threads), batch 1, {H} heads x {K}")
+    hdr = "| tokens | impl | time min / median (s) | peak RSS added (MB) | aten ops/call | time ratio (ref/port) | memory ratio (ref/port) |"
+    print(hdr)
+    print("|" + "---|" * 7)
+    for T in a.lengths:
+        r = res[("reference", T)]
+        for impl in impls:
+            m = res[(impl, T)]
+            tr = "" if impl == "reference" else f"{r['t_min'] / m['t_min']:.1f}x"
+            mr = "" if impl == "reference" else f"{r['peak_mb'] / max(m['peak_mb'], 1e-9):.1f}x"
+            print(f"| {T} | {impl} | {m['t_min']:.3f} / {m['t_med']:.3f} | {m['peak_mb']:.0f} | {m['ops']} | {tr} | {mr} |")
+    print(f"aten ops per decode step (fused_recurrent_kda, 1 token): {decode_ops}")
+
+
+if __name__ == "__main__":
+    main()

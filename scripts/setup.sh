@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up a development/CI environment on a fresh machine: .venv with fixpack (editable),
+# the test tools, the CPU torch, vLLM 0.26.0's Python requirements (so the release's modules
+# import on CPU), the transformers reference for the port, and the release sources in the
+# fixpack cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+# torch first and pinned: 2.13.0 is the CPU build; any other version pulls a multi-GB CUDA build.
+pip install torch==2.13.0
+pip install -e '.[test]'
+pip install -r requirements/vllm-0.26.0-cpu.txt
+pip install transformers==5.23.0
+# Release sources: the vLLM wheel from the package index; vllm-gaudi from a local clone
+# (FIXPACK_VLLM_GAUDI_CLONE) or its public repository. Missing sources are reported, not faked.
+if [ -n "${FIXPACK_VLLM_GAUDI_CLONE:-}" ]; then
+  .venv/bin/fixpack sources add vllm-gaudi "$FIXPACK_VLLM_GAUDI_CLONE"
+fi
+.venv/bin/python - <<'PY'
+from fixpack import sources
+from fixpack.errors import SourceUnavailable
+from fixpack.pack import Pack, default_pack_root
+
+profile = Pack(default_pack_root()).profile("v0.26.0")
+for package, spec in profile.base["sources"].items():
+    try:
+        print(f"source {package}: {sources.package_tree(package, spec)}")
+    except SourceUnavailable as exc:
+        print(f"!!! source {package} unavailable: {exc}")
+PY
