@@ -136,3 +136,25 @@ def test_penalties_see_previous_step_tokens(env):
             meta = env.runner._prepare_sampling(False, ["p", "q"], 2)
         seen.append(list(meta.output_token_ids[0]))
     assert seen == [[42], [42, 43]], f"output history the penalties see for p: {seen}"
+
+
+def test_readded_request_takes_the_schedulers_history(env, monkeypatch):
+    import vllm_gaudi.v1.worker.hpu_model_runner as hmr
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    # r's history got a token appended by the worker (penalties were on), then the scheduler
+    # discarded that token (it was in flight when r was preempted) and re-adds r with no outputs.
+    env.add("r", [], computed=6, penalty=1.0)
+    env.runner.requests["r"].output_token_ids.append(55)
+    env.batch.remove_request("r")
+    env.batch.condense([0])
+    monkeypatch.setattr(hmr, "get_pp_group", lambda: SimpleNamespace(is_last_rank=True))
+    env.runner.__dict__.update(encoder_cache={}, _compact_gdn_group_ids=[])
+    cached = CachedRequestData(req_ids=["r"], resumed_req_ids={"r"}, new_token_ids=[], all_token_ids={"r": list(
+        range(10, 16))}, new_block_ids=[([1, 2], )], num_computed_tokens=[0], num_output_tokens=[0])
+    sched = SimpleNamespace(finished_req_ids=set(), free_encoder_mm_hashes=[], num_scheduled_tokens={"r": 6},
+                            scheduled_new_reqs=[], scheduled_cached_reqs=cached, scheduled_spec_decode_tokens={})
+    env.runner._update_states(sched)
+    index = env.batch.req_id_to_index["r"]
+    assert env.runner.requests["r"].output_token_ids == []
+    assert env.batch.num_tokens[index] == 6

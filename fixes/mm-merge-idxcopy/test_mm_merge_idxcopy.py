@@ -85,29 +85,37 @@ def _runner(requests, encoder_cache):
     return runner
 
 
-def _merge_step(seed, spy):
+def _merge_step(seed, spy, padded=False):
     import vllm_gaudi.models.utils  # noqa: F401  (installs the HPU merge, as the plugin does)
 
     requests, encoder_cache, scheduled = _random_step(seed)
     runner = _runner(requests, encoder_cache)
     req_ids = list(requests)
-    total = sum(scheduled.values())
-    sched = SimpleNamespace(total_num_scheduled_tokens=total, num_scheduled_tokens=scheduled)
-    mm_embeds, is_mm_embed = runner._gather_mm_embeddings(sched, req_ids)
+    chunks = [requests[rid].prompt_token_ids[requests[rid].num_computed_tokens:] for rid in req_ids]
+    if padded:
+        # 2D prefill batch [batch, padded_seq_len], as _get_model_mm_inputs lays it out.
+        seq = max(map(len, chunks)) + 3
+        input_ids = torch.tensor([c + [0] * (seq - len(c)) for c in chunks])
+        total = input_ids.numel()
+        kwargs = dict(total_num_scheduled_tokens=total, padded_seq_len=seq)
+    else:
+        input_ids = torch.tensor([t for c in chunks for t in c])
+        total = input_ids.numel()
+        kwargs = {}
+    sched = SimpleNamespace(total_num_scheduled_tokens=sum(scheduled.values()), num_scheduled_tokens=scheduled)
+    mm_embeds, is_mm_embed = runner._gather_mm_embeddings(sched, req_ids, **kwargs)
     if not mm_embeds:
         pytest.skip("layout without images in the chunk")
     assert is_mm_embed.dtype == torch.bool and is_mm_embed.shape == (total, )
 
     torch.manual_seed(seed)
     model = _model_class()()
-    input_ids = torch.tensor(
-        [t for rid in req_ids for t in requests[rid].prompt_token_ids[requests[rid].num_computed_tokens:]])
     with spy():
         merged = model.embed_input_ids(input_ids, multimodal_embeddings=mm_embeds, is_multimodal=is_mm_embed)
 
-    expected = model.embed.weight[input_ids].detach().clone()
+    expected = model.embed.weight[input_ids.reshape(-1)].detach().clone()
     expected.masked_scatter_(is_mm_embed.unsqueeze(-1), torch.cat(mm_embeds))
-    return merged.detach(), expected
+    return merged.detach(), expected.view(*input_ids.shape, H)
 
 
 class _MaskedScatterSpy:
@@ -135,17 +143,19 @@ class _MaskedScatterSpy:
         return _Ctx()
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["flat", "padded-2d"])
 @pytest.mark.parametrize("seed", range(8))
-def test_index_merge_equals_masked_merge(tree, seed, monkeypatch):
-    merged, expected = _merge_step(seed, _MaskedScatterSpy(monkeypatch))
+def test_index_merge_equals_masked_merge(tree, seed, padded, monkeypatch):
+    merged, expected = _merge_step(seed, _MaskedScatterSpy(monkeypatch), padded)
     assert not torch.isnan(merged).any(), "a non-embedding placeholder row was merged"
     assert torch.equal(merged, expected)
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["flat", "padded-2d"])
 @pytest.mark.parametrize("seed", range(8))
-def test_runner_mask_is_merged_without_masked_scatter(tree, seed, monkeypatch):
+def test_runner_mask_is_merged_without_masked_scatter(tree, seed, padded, monkeypatch):
     spy = _MaskedScatterSpy(monkeypatch)
-    merged, expected = _merge_step(seed, spy)
+    merged, expected = _merge_step(seed, spy, padded)
     assert torch.equal(merged, expected)
     assert spy.calls == 0, "image embeddings were merged with masked_scatter_ on the bool mask"
 
@@ -162,8 +172,6 @@ def test_mask_a_model_derives_itself_keeps_the_masked_merge(tree):
         hpu_utils.set_mm_merge_index(mask, torch.tensor([2, 3, 7]))
     derived = mask.clone()
     derived[7] = False
-    with pytest.raises(ValueError):  # 3 embeddings for 2 placeholders: the masked path's error
-        hpu_utils._merge_multimodal_embeddings(inputs.clone(), [torch.ones(3, H), torch.ones(0, H)][:1], derived)
     out = hpu_utils._merge_multimodal_embeddings(inputs.clone(), [torch.ones(2, H)], derived)
     assert out[[2, 3]].eq(1).all() and out[7].eq(0).all()
     out = hpu_utils._merge_multimodal_embeddings(inputs.clone(), embeds, mask)

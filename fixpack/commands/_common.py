@@ -6,12 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-from fixpack.engine import Engine, Reporter
 from fixpack.errors import ConfigError
-from fixpack.lockfile import Lock
-from fixpack.pack import Pack, default_pack_root
-from fixpack.store import Store
-from fixpack.targets import default_state_dir, locate, refuse_if_imported, require
+
+# Heavier modules are imported inside the functions: `fixpack verify` and the dispatcher
+# itself must stay cheap at container start.
 
 
 def add_common(p: argparse.ArgumentParser, *, profile_required: bool = False) -> None:
@@ -22,11 +20,13 @@ def add_common(p: argparse.ArgumentParser, *, profile_required: bool = False) ->
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def pack_of(args) -> Pack:
+def pack_of(args):
+    from fixpack.pack import Pack, default_pack_root
+
     return Pack((args.pack or default_pack_root()).resolve())
 
 
-def profile_name(args, pack: Pack) -> str:
+def profile_name(args, pack) -> str:
     if args.profile:
         return args.profile
     names = pack.profile_names()
@@ -35,7 +35,12 @@ def profile_name(args, pack: Pack) -> str:
     raise ConfigError(f"--profile is required (profiles: {', '.join(names) or 'none'})")
 
 
-def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False) -> Engine:
+def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False):
+    from fixpack.engine import Engine, Reporter
+    from fixpack.lockfile import Lock
+    from fixpack.store import Store
+    from fixpack.targets import default_state_dir, locate, refuse_if_imported, require
+
     pack = pack_of(args)
     profile = pack.profile(profile_name(args, pack))
     port_obj = pack.port(port) if port else None

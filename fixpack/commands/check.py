@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fixpack.commands._common import emit_json, pack_of, profile_name
@@ -34,6 +32,8 @@ def add_parser(sub):
 
 
 def run_tests(fix, tree: Path, timeout: float) -> tuple[int, str]:
+    import subprocess
+
     env = dict(os.environ, FIXPACK_TREE=str(tree), PYTHONDONTWRITEBYTECODE="1")
     pkg_parent = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -61,6 +61,8 @@ def snapshot(tree: Path, dest: Path) -> Path:
 
 
 def run(args) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     from fixpack import release
     from fixpack.engine import Engine, Reporter
     from fixpack.lockfile import Lock

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from fixpack import engine as eng
 from fixpack.commands._common import add_common, make_engine
 from fixpack.errors import ConfigError
-from fixpack.store import Store
 
 
 def add_parser(sub):
@@ -17,6 +15,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    from fixpack import engine as eng
+
     if bool(args.fix) == bool(args.all):
         raise ConfigError("name one fix to revert, or pass --all")
     # The engine is built for the selection recorded in the state, so its paths and pins match.

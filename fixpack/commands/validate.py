@@ -6,7 +6,6 @@ from pathlib import Path
 
 from fixpack.commands._common import pack_of
 from fixpack.errors import ConfigError, FixpackError
-from fixpack.pack import load_fix
 
 
 def add_parser(sub):
@@ -18,6 +17,8 @@ def add_parser(sub):
 
 
 def _check_fix_dir(d: Path, layer: str) -> None:
+    from fixpack.pack import load_fix
+
     fix = load_fix(d, layer=layer)
     if fix.kind == "diff":
         from fixpack.diffpatch import parse_diff

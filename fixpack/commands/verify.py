@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fixpack import engine as eng
-from fixpack.commands._common import add_common, emit_json, pack_of, profile_name
-from fixpack.lockfile import Lock
-from fixpack.store import Store
-from fixpack.targets import default_state_dir, locate, require
+import glob
+import json
+import os
+
+from fixpack.commands._common import add_common, emit_json
+from fixpack.errors import ConfigError
 
 
 def add_parser(sub):
@@ -16,15 +17,33 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    pack = pack_of(args)
-    profile = pack.profile(profile_name(args, pack))
+    from pathlib import Path
+
+    from fixpack.fastpath import locate
+    from fixpack.lockfile import Lock
+    from fixpack.store import Store
+    from fixpack.verify import Lines, verify
+
+    pack = (args.pack or Path(__file__).resolve().parents[2]).resolve()
+    if args.profile:
+        lock_path = pack / "profiles" / f"{args.profile}.lock.json"
+    else:
+        locks = sorted(glob.glob(str(pack / "profiles" / "*.lock.json")))
+        if len(locks) != 1:
+            raise ConfigError(f"--profile is required (locks: {', '.join(os.path.basename(p) for p in locks) or 'none'})")
+        lock_path = Path(locks[0])
+    lock = Lock.load(lock_path)
     root = args.root.resolve() if args.root else None
-    found = locate(profile.packages, root)
-    require(found, profile.packages, root)
-    store = Store(args.state_dir.resolve() if args.state_dir else default_state_dir(found, root))
-    lock = Lock.load(profile.lock_path) if profile.lock_path.exists() else None
-    report = eng.Reporter(quiet=args.json)
-    rc, result = eng.verify(found, store, lock, report)
+    packages = locate(lock.data["packages"], str(root) if root else None) or {}
+    found = {k: Path(v) for k, v in packages.items() if os.path.isdir(v)}
+    missing = [p for p in lock.data["packages"] if p not in found]
+    if missing:
+        from fixpack.errors import BaseMismatch
+
+        raise BaseMismatch(f"package(s) {', '.join(missing)} not found {'under ' + str(root) if root else 'in this environment'}")
+    state_dir = args.state_dir.resolve() if args.state_dir else (root / ".fixpack" if root else sorted(p.parent for p in found.values())[0] / ".fixpack")
+    report = Lines(quiet=args.json)
+    rc, result = verify(found, Store(state_dir), lock, report)
     if args.json:
         emit_json(dict(result, exit=rc))
     elif rc == 0:

@@ -1,0 +1,90 @@
+"""fixpack verify's core: what the image holds, from the state record and the files.
+
+Imports only the standard library and fixpack's small modules (no YAML, no engine), so it
+can run at every container start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fixpack.hashing import sha256_file, short
+from fixpack.lockfile import Lock
+from fixpack.store import Store
+
+
+class Lines:
+    """Aligned status lines (the engine's Reporter has the same shape)."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.records: list[dict] = []
+
+    def line(self, name: str, result: str, detail: str = "", **record) -> None:
+        self.records.append(dict(name=name, result=result, detail=detail, **record))
+        if not self.quiet:
+            print(f"{name}{'.' * max(3, 44 - len(name))}{result:<10} {detail}".rstrip(), flush=True)
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            print(text, flush=True)
+
+
+def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Reporter) -> tuple[int, dict]:
+    """What the image holds, from the state record and the files themselves."""
+    state = store.read_state()
+    result: dict = {"state": str(store.state_path), "fixes": [], "files": {}, "drift": False}
+    if state is None or state.get("__corrupt__"):
+        result["applied"] = None
+        report.say("no state record: nothing applied by fixpack" if state is None else f"state record {store.state_path} is corrupt")
+        if state is not None:
+            result["drift"] = True
+            return 5, result
+        if lock:
+            for rel, h in sorted(lock.pristine.items()):
+                package, sub = rel.split("/", 1)
+                if package in found:
+                    p = found[package] / sub
+                    cur = sha256_file(p) if p.is_file() else None
+                    status = "untouched" if cur == h else "drifted"
+                    result["files"][rel] = {"status": status, "found": cur, "expected": h}
+                    if status != "untouched":
+                        result["drift"] = True
+                        report.line(rel, status, f"found {short(cur)}, pristine is {short(h)}")
+        return (5 if result["drift"] else 0), result
+    result["applied"] = {k: state.get(k) for k in ("profile", "port", "opt_in", "key", "tool_version", "updated")}
+    report.say(f"profile {state.get('profile')}  selection {state.get('key')}  by fixpack {state.get('tool_version')} at {state.get('updated')}")
+    final: dict[str, str] = {}
+    for s in state.get("steps", []):
+        for rel, (_, after) in s["files"].items():
+            final[rel] = after
+    cur: dict[str, str | None] = {}
+    for rel in final:
+        package, sub = rel.split("/", 1)
+        p = found.get(package, Path("/nonexistent")) / sub
+        cur[rel] = sha256_file(p) if p.is_file() and not p.is_symlink() else None
+    for s in state.get("steps", []):
+        ok = all(cur[rel] == final[rel] for rel in s["files"])
+        status = "applied" if ok else "drifted"
+        report.line(s["fix"], status, ", ".join(f"{rel}: {short(cur[rel])}" for rel in s["files"]) if not ok else f"{len(s['files'])} file(s)")
+        result["fixes"].append({"fix": s["fix"], "status": status, "files": list(s["files"])})
+        result["drift"] |= not ok
+    for rel in final:
+        result["files"][rel] = {"status": "fixed" if cur[rel] == final[rel] else "drifted", "found": cur[rel], "expected": final[rel]}
+    if lock:
+        for rel, h in sorted(lock.pristine.items()):
+            if rel in final:
+                continue
+            package, sub = rel.split("/", 1)
+            if package not in found:
+                continue
+            p = found[package] / sub
+            c = sha256_file(p) if p.is_file() else None
+            status = "untouched" if c == h else "drifted"
+            result["files"][rel] = {"status": status, "found": c, "expected": h}
+            if status == "drifted":
+                result["drift"] = True
+                report.line(rel, "drifted", f"found {short(c)}, pristine is {short(h)}")
+    return (5 if result["drift"] else 0), result
+
+
