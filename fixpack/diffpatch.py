@@ -132,3 +132,51 @@ def apply_file_patch(data: bytes, fp: FilePatch, *, where: str) -> bytes:
         cursor = start + len(h.old)
     out.extend(lines[cursor:])
     return b"".join(out)
+
+
+def rebase_file_patch(data: bytes, fp: FilePatch) -> tuple[str, bytes | None, list[str]]:
+    """Try a diff on a file of another release. Returns (status, new bytes or None, notes):
+    "exact", "offset" (each hunk's old text found once elsewhere, in order), "upstream" (every
+    hunk's new text present and its old text gone), or "conflict"."""
+    try:
+        return "exact", apply_file_patch(data, fp, where="rebase"), []
+    except FixFailed:
+        pass
+    lines = data.splitlines(keepends=True)
+    positions: list[int] = []
+    notes: list[str] = []
+    cursor = 0
+    ok = True
+    for h in fp.hunks:
+        found = [i for i in _find_all(lines, h.old) if i >= cursor]
+        if len(found) == 1:
+            positions.append(found[0])
+            cursor = found[0] + len(h.old)
+            shift = found[0] + 1 - h.source_start
+            notes.append(f"{h.header}: {'+' if shift >= 0 else ''}{shift} lines")
+        else:
+            ok = False
+            notes.append(f"{h.header}: old text found {len(found)} times")
+    if ok:
+        out: list[bytes] = []
+        prev = 0
+        for h, pos in zip(fp.hunks, positions):
+            out.extend(lines[prev:pos])
+            out.extend(h.new)
+            prev = pos + len(h.old)
+        out.extend(lines[prev:])
+        return "offset", b"".join(out), notes
+    upstream = all(len(_find_all(lines, h.new)) == 1 and not _find_all(lines, h.old) for h in fp.hunks)
+    if upstream:
+        return "upstream", None, ["every hunk's result is already in the file"]
+    conflicts = [n for n in notes if "found" in n]
+    return "conflict", None, conflicts
+
+
+def unified(old: bytes, new: bytes, rel: str) -> str:
+    """A fresh diff between two versions of one file, in the pack's header convention."""
+    import difflib
+
+    a = old.decode("utf-8").splitlines(keepends=True)
+    b = new.decode("utf-8").splitlines(keepends=True)
+    return "".join(difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}", n=3))

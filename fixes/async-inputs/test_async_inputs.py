@@ -142,6 +142,8 @@ def test_readded_request_takes_the_schedulers_history(env, monkeypatch):
     import vllm_gaudi.v1.worker.hpu_model_runner as hmr
     from vllm.v1.core.sched.output import CachedRequestData
 
+    # Guards the re-add path the history change relies on: on the pristine tree the worker
+    # never appends to the history, so this state is set by hand here.
     # r's history got a token appended by the worker (penalties were on), then the scheduler
     # discarded that token (it was in flight when r was preempted) and re-adds r with no outputs.
     env.add("r", [], computed=6, penalty=1.0)
