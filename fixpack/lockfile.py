@@ -9,7 +9,6 @@ profiles/<profile>.lock.json:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from fixpack.errors import ConfigError
@@ -21,10 +20,11 @@ def selection_key(port: str | None, opt_ins: list[str]) -> str:
     return f"{port or '-'}|{'+'.join(opt_ins)}"
 
 
-@dataclass
 class Lock:
-    path: Path
-    data: dict
+    # a plain class: dataclasses pulls in inspect, too slow for the container-start path
+    def __init__(self, path: Path, data: dict):
+        self.path = path
+        self.data = data
 
     @classmethod
     def load(cls, path: Path) -> "Lock":
