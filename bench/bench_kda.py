@@ -8,9 +8,10 @@ Not a test. fp32 on CPU, batch 1, 4 heads x 128, 1K / 4K / 8K tokens, saturated-
 Method:
 * wall time: in a fresh subprocess per (implementation, length); the first call is
   the memory measurement, then 3 timed calls; min and median reported.
-* peak memory: ru_maxrss (peak RSS of the process) after the first call minus
-  ru_maxrss just before it, inputs already allocated. tracemalloc does not see torch
-  allocations; a fresh process per measurement keeps earlier peaks out of the baseline.
+* peak memory: in a fresh process with inputs allocated, the kernel's peak-RSS
+  watermark is reset (``echo 5 > /proc/self/clear_refs``), then peak RSS after the
+  first call (VmHWM) minus RSS before it (VmRSS). tracemalloc does not see torch
+  allocations, and a plain ru_maxrss delta hides the call under import-time peaks.
 * aten ops per call: every op that reaches a TorchDispatchMode (views included),
   counted in-process on one call. Decode: one fused_recurrent_kda step on a warm state.
 """
@@ -18,7 +19,6 @@ Method:
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -53,16 +53,26 @@ def _fn(impl):
     return lambda q, k, v, g, b: chunk_kda(q, k, v, g, b, use_scan=use_scan)
 
 
+def _status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
 def child(impl, T):
     import torch
 
     torch.set_num_threads(2)
     fn = _fn(impl)
     args = _inputs(T)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak-RSS watermark
+    before = _status_kb("VmRSS")
     with torch.no_grad():
         fn(*args)
-        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        peak_kb = _status_kb("VmHWM") - before
         times = []
         for _ in range(3):
             t = time.perf_counter()

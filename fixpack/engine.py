@@ -123,7 +123,15 @@ class Engine:
             "key": self.key,
             "tool_version": __version__,
             "packages": {k: str(v) for k, v in self.found.items()},
+            "base": {"profile_sources": self.profile.base.get("sources", {}), "found": self._identity()},
         }
+
+    def _identity(self) -> dict:
+        if not hasattr(self, "_ident"):
+            from fixpack.targets import identify
+
+            self._ident = identify(self.found)
+        return self._ident
 
     def applied_steps(self, state: dict | None) -> list[dict]:
         """What is applied now, checked against the files. Raises on drift or a foreign base."""
@@ -170,9 +178,11 @@ class Engine:
         for rel in rest:
             want = self.pristine(rel)
             if cur[rel] != want:
+                hint = "; ".join(f"{k} {' '.join(f'{a}={b}' for a, b in v.items() if a in ('version', 'commit_id', 'git_head', 'direct_url_commit'))}" for k, v in self._identity().items())
                 raise BaseMismatch(
                     f"{rel}: expected the pristine {self.profile.name} file {short(want)}, found {short(cur[rel])} "
                     f"({self.describe(rel, cur[rel])}). This image is not the release the profile pins; nothing was changed"
+                    + (f". Found: {hint}" if hint.strip() else "")
                 )
 
     # ---- journal
@@ -186,6 +196,7 @@ class Engine:
         cur = self.current(journal["files"])
         for rel, (src, dst) in journal["files"].items():
             if cur[rel] == dst:
+                drop_bytecode(self.path(rel))  # the kill may have come between the rename and this
                 continue
             if cur[rel] != src:
                 raise Drift(f"{rel}: interrupted run left {short(cur[rel])}, neither {short(src)} nor {short(dst)}")
@@ -198,8 +209,9 @@ class Engine:
         steps = state.get("steps", [])
         if journal["op"] == "apply" and (not steps or steps[-1]["fix"] != journal["step"]["fix"]):
             steps.append(journal["step"])
-        if journal["op"] == "unwind" and steps and steps[-1]["fix"] == journal["step"]["fix"]:
-            steps.pop()
+        if journal["op"] == "unwind":
+            # `revert FIX` may undo a step in the middle, not only the last one
+            steps = [s for s in steps if s["fix"] != journal["step"]["fix"]]
         state["steps"] = steps
         self.store.write_state(state)
         self.store.clear_journal()
@@ -213,23 +225,46 @@ class Engine:
         base = self._base_state()
         self.store.write_journal({"op": op, "step": step, "files": files, "state_base": base, "steps_before": steps_before})
         crashpoint(f"journal written for {op} {step['fix']}")
-        for rel, (_, new) in changes.items():
-            p = self.path(rel)
-            try:
-                like = os.stat(p)
-            except OSError as exc:
-                raise fs_error(exc, f"cannot stat {p}") from exc
-            atomic_write(p, new, like=like, label=rel)
-            drop_bytecode(p)
-        steps = list(steps_before)
-        if op == "apply":
-            steps.append(step)
-        else:
-            steps = [s for s in steps if s["fix"] != step["fix"]]
-        self.store.write_state(dict(base, steps=steps))
+        done: list[str] = []
+        try:
+            for rel, (old, new) in changes.items():
+                p = self.path(rel)
+                # The target may have been swapped (directory, symlink, other bytes) since it was read.
+                if self.current([rel])[rel] != files[rel][0]:
+                    raise Drift(f"{rel}: changed while {step['fix']} was being committed; nothing of this fix was kept")
+                try:
+                    like = os.stat(p)
+                except OSError as exc:
+                    raise fs_error(exc, f"cannot stat {p}") from exc
+                atomic_write(p, new, like=like, label=rel)
+                done.append(rel)
+                drop_bytecode(p)
+            steps = list(steps_before)
+            if op == "apply":
+                steps.append(step)
+            else:
+                steps = [s for s in steps if s["fix"] != step["fix"]]
+            self.store.write_state(dict(base, steps=steps))
+        except Exception:
+            self._roll_back(done, changes, files)
+            raise
         crashpoint(f"state written for {op} {step['fix']}")
         self.store.clear_journal()
         return steps
+
+    def _roll_back(self, done: list[str], changes: dict[str, tuple[bytes, bytes]], files: dict[str, list[str]]) -> None:
+        """A commit failed part-way (full disk, read-only, a swapped target): put back the files
+        already renamed and drop the journal. If that fails too, the journal stays and the next
+        run finishes the fix instead."""
+        try:
+            for rel in done:
+                p = self.path(rel)
+                if self.current([rel])[rel] == files[rel][1]:
+                    atomic_write(p, changes[rel][0], like=os.stat(p), label=f"{rel} (roll back)")
+                    drop_bytecode(p)
+            self.store.clear_journal()
+        except Exception as exc:  # keep the first error; the journal tells the next run what to do
+            self.report.say(f"warning: could not roll back ({exc}); the next run completes the interrupted fix from {self.store.journal_path}")
 
     # ---- workers
     def run_worker(self, fix: Fix, inputs: dict[str, Path]) -> dict[str, bytes]:
@@ -313,7 +348,8 @@ class Engine:
             if self.fast_path_done():
                 self.report.line(self.key, "ok", "already applied (by a concurrent run)")
                 return 0
-            applied = self.applied_steps(self.store.read_state())
+            state = self.store.read_state()
+            applied = self.applied_steps(state)
             self.check_base(applied)
             common = 0
             while (
@@ -329,7 +365,8 @@ class Engine:
             pinned_steps = {s["fix"]: s["files"] for s in self.pinned["steps"]} if self.pinned else {}
             for fix in self.fixes[common:]:
                 steps = self.apply_one(fix, steps, pinned_steps.get(fix.id))
-            if self.pinned is None or self.lock is None:
+            if self.pinned is None or self.lock is None or state is None or state.get("__corrupt__"):
+                # record mode, or a state record worked out from the file hashes: write it so verify agrees
                 self.store.write_state(dict(self._base_state(), steps=steps))
             return 0
         finally:

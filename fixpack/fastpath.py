@@ -50,6 +50,13 @@ def locate(names: list[str], root: str | None) -> dict[str, str] | None:
 def already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str | None, root: str | None, state_dir: str | None) -> dict | None:
     """The pinned selection if the files and the state record are exactly at its end state."""
     try:
+        return _already_applied(pack_root, profile, opt_ins, port, root, state_dir)
+    except Exception:  # a malformed state record or lock: any doubt goes to the full engine
+        return None
+
+
+def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str | None, root: str | None, state_dir: str | None) -> dict | None:
+    try:
         with open(os.path.join(pack_root, "profiles", f"{profile}.lock.json"), "rb") as f:
             lock = json.load(f)
         packages = locate(lock["packages"], root)

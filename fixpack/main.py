@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     except FixpackError as exc:
         print(f"fixpack: {exc.label}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # output piped into `head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print("fixpack: interrupted", file=sys.stderr)
         return 130

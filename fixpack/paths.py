@@ -32,7 +32,7 @@ def resolve_inside(package_dir: Path, rel: str, *, where: str) -> Path:
     except OSError as exc:  # symlink loops
         raise EnvironmentFault(f"{where}: cannot resolve {full}: {exc}") from exc
     if not real.is_relative_to(base):
-        raise ConfigError(f"{where}: {rel} resolves to {real}, outside the package folder {base} (symlink?)")
+        raise EnvironmentFault(f"{where}: {rel} resolves to {real}, outside the package folder {base} (symlink?); nothing was changed")
     return full
 
 

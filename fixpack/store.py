@@ -110,6 +110,25 @@ def drop_bytecode(path: Path) -> None:
             raise fs_error(exc, f"cannot remove stale bytecode {pyc}") from exc
 
 
+def _hash_ok(h) -> bool:
+    return isinstance(h, str) and len(h) == 64
+
+
+def _files_ok(files) -> bool:
+    """{rel: [before, after]} with sha256 hex strings (a record from a crash or an edit may be anything)."""
+    return isinstance(files, dict) and all(
+        isinstance(rel, str) and isinstance(pair, list) and len(pair) == 2 and all(_hash_ok(h) for h in pair) for rel, pair in files.items()
+    )
+
+
+def _steps_ok(steps) -> bool:
+    return isinstance(steps, list) and all(isinstance(s, dict) and isinstance(s.get("fix"), str) and _files_ok(s.get("files")) for s in steps)
+
+
+def _state_shape_ok(state: dict) -> bool:
+    return state.get("__corrupt__") is True or _steps_ok(state.get("steps", []))
+
+
 class Store:
     def __init__(self, state_dir: Path):
         self.dir = state_dir
@@ -166,14 +185,25 @@ class Store:
         return data if isinstance(data, dict) else {"__corrupt__": True}
 
     def read_state(self) -> dict | None:
-        return self.read_json(self.state_path)
+        state = self.read_json(self.state_path)
+        return state if state is None or _state_shape_ok(state) else {"__corrupt__": True}
 
     def write_state(self, state: dict) -> None:
         state = dict(state, format=STATE_FORMAT, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         atomic_write(self.state_path, json.dumps(state, indent=1, sort_keys=True).encode() + b"\n", label="state.json")
 
     def read_journal(self) -> dict | None:
-        return self.read_json(self.journal_path)
+        journal = self.read_json(self.journal_path)
+        if journal is None or journal.get("__corrupt__"):
+            return journal
+        ok = (
+            journal.get("op") in ("apply", "unwind")
+            and _steps_ok([journal.get("step")])
+            and _files_ok(journal.get("files"))
+            and isinstance(journal.get("state_base"), dict)
+            and _steps_ok(journal.get("steps_before"))
+        )
+        return journal if ok else {"__corrupt__": True}
 
     def write_journal(self, journal: dict) -> None:
         atomic_write(self.journal_path, json.dumps(journal, indent=1).encode(), label="journal.json")

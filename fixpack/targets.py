@@ -50,3 +50,68 @@ def default_state_dir(found: dict[str, Path], root: Path | None) -> Path:
         return root / ".fixpack"
     parents = sorted({p.parent for p in found.values()})
     return parents[0] / ".fixpack"
+
+
+def _read(path: Path, limit: int = 65536) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _git_head(start: Path) -> str | None:
+    """HEAD of a checkout holding ``start`` (editable installs), read without git."""
+    for d in [start, *start.parents][:4]:
+        head = _read(d / ".git" / "HEAD")
+        if head is None:
+            continue
+        head = head.strip()
+        if head.startswith("ref: "):
+            ref = head[5:]
+            value = _read(d / ".git" / ref)
+            if value:
+                return value.strip()
+            packed = _read(d / ".git" / "packed-refs", 1 << 22) or ""
+            for line in packed.splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0]
+            return None
+        return head
+    return None
+
+
+def identify(found: dict[str, Path]) -> dict[str, dict]:
+    """Version and commit strings present in the image: hints only; the base is decided by content."""
+    import json
+    import re
+
+    out: dict[str, dict] = {}
+    for name, folder in found.items():
+        info: dict = {}
+        text = _read(folder / "_version.py")
+        if text:
+            for key in ("version", "commit_id"):
+                # `__version__ = version = '0.26.0'` (vcs-versioning) or `version = "..."`
+                m = re.search(rf"^(?:__{key}__|{key})\s*=\s*(?:\w+\s*=\s*)?['\"]([^'\"]+)['\"]", text, re.M)
+                if m:
+                    info[key] = m.group(1)
+        dist = name.replace("_", "-")
+        for d in sorted(folder.parent.glob(f"{name}-*.dist-info")) + sorted(folder.parent.glob(f"{dist}-*.dist-info")):
+            info["dist_info"] = d.name
+            raw = _read(d / "direct_url.json")
+            if raw:
+                try:
+                    du = json.loads(raw)
+                    info["direct_url"] = du.get("url")
+                    commit = (du.get("vcs_info") or {}).get("commit_id")
+                    if commit:
+                        info["direct_url_commit"] = commit
+                except ValueError:
+                    pass
+            break
+        head = _git_head(folder.parent)
+        if head:
+            info["git_head"] = head
+        out[name] = info
+    return out

@@ -54,6 +54,10 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Repo
         return (5 if result["drift"] else 0), result
     result["applied"] = {k: state.get(k) for k in ("profile", "port", "opt_in", "key", "tool_version", "updated")}
     report.say(f"profile {state.get('profile')}  selection {state.get('key')}  by fixpack {state.get('tool_version')} at {state.get('updated')}")
+    found_ids = (state.get("base") or {}).get("found") or {}
+    for pkg, info in found_ids.items():
+        report.say(f"  {pkg}: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+    result["base"] = found_ids
     final: dict[str, str] = {}
     for s in state.get("steps", []):
         for rel, (_, after) in s["files"].items():

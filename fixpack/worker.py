@@ -18,6 +18,9 @@ def _guard_writes(allowed_dir: str) -> None:
     allowed = os.path.realpath(allowed_dir) + os.sep
     write_events = {"os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.mkdir", "os.truncate", "shutil.rmtree", "os.chmod", "os.chown", "os.symlink", "os.link"}
 
+    two_path_events = {"os.rename", "os.replace", "os.symlink", "os.link"}
+    spawn_events = {"os.system", "subprocess.Popen", "os.fork", "os.forkpty", "pty.spawn"}
+
     def hook(event, args):
         path = None
         if event == "open":
@@ -30,9 +33,18 @@ def _guard_writes(allowed_dir: str) -> None:
                 return
         elif event in write_events:
             path = args[0]
+            if event in two_path_events:  # (src, dst, ...): the destination is where it writes
+                check(args[1])
+                if event in ("os.symlink", "os.link"):
+                    return  # the source of a link is only read (os.symlink's need not even exist)
+        elif event in spawn_events or event.startswith(("os.exec", "os.spawn", "os.posix_spawn")):
+            raise PermissionError(f"fix tried to start a process ({event}); a fix computes its targets' new text and nothing else")
         else:
             return
-        if isinstance(path, int):
+        check(path)
+
+    def check(path):
+        if isinstance(path, int) or path is None:
             return
         real = os.path.realpath(os.fsdecode(path))
         if not (real + os.sep).startswith(allowed) and not real.startswith(allowed):

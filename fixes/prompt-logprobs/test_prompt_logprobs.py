@@ -62,7 +62,7 @@ def env(tree):
 
     expected = (hidden @ head).log_softmax(-1)
     return SimpleNamespace(batch=batch, runner=runner, add=add, step=step, unscheduled_step=unscheduled_step,
-                           expected=expected)
+                           expected=expected, hidden=hidden)
 
 
 def target_logprobs(lp):
@@ -106,6 +106,8 @@ def test_chunk_survives_an_unscheduled_step(env):
 
 
 def test_readded_request_does_not_return_prompt_logprobs_again(env):
+    import torch
+
     env.add("r", prompt_logprobs=2)
     first = env.step("r", len(PROMPT))
     assert "r" in first
@@ -115,6 +117,7 @@ def test_readded_request_does_not_return_prompt_logprobs_again(env):
     assert "r" not in env.batch.num_prompt_logprobs
     state = env.runner.requests["r"]
     state.num_computed_tokens = 0  # a resume without cache hits re-prefills prompt + output
-    again = env.runner._get_prompt_logprobs_dict({"r": env.expected[:0]},
+    resumed_hidden = torch.cat([env.hidden, env.hidden[-1:]])  # prompt + the one output token
+    again = env.runner._get_prompt_logprobs_dict({"r": resumed_hidden},
                                                  SimpleNamespace(num_scheduled_tokens={"r": len(PROMPT) + 1}))
     assert again == {}, "prompt logprobs returned a second time"
