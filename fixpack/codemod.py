@@ -56,7 +56,11 @@ def replace_once(node: cst.BaseStatement, old: str, new: str, *, what: str = "")
     count = code.count(old)
     if count != 1:
         raise RewriteError(f"{label}: expected the text to replace exactly once, found it {count} times: {old.strip()[:80]!r}")
-    return cst.parse_statement(code.replace(old, new))
+    replaced = cst.parse_statement(code.replace(old, new))
+    # Re-parsing would re-indent the blank lines above a method; keep them exactly as they were.
+    if hasattr(node, "leading_lines") and hasattr(replaced, "leading_lines"):
+        replaced = replaced.with_changes(leading_lines=node.leading_lines)
+    return replaced
 
 
 def _walk_defs(body: Iterable[cst.CSTNode], prefix: str, out: dict[str, list[tuple]]):

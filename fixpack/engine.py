@@ -8,6 +8,7 @@ process (fixpack.worker) and committed all-or-nothing under a journal.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -298,6 +299,9 @@ class Engine:
             result = {}
         if proc.returncode != 0 or "outputs" not in result:
             err = result.get("error") or (proc.stderr.strip().splitlines() or ["crashed with no output"])[-1]
+            if result.get("errno") in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                shutil.rmtree(stage, ignore_errors=True)
+                raise fs_error(OSError(result["errno"], err), f"{fix.id}: cannot write its output in {stage}")
             tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: {err}" + (f"\n--- its output:\n{tail}" if tail and tail not in err else "") + "\nnothing was written")
@@ -375,6 +379,8 @@ class Engine:
     def apply_one(self, fix: Fix, steps: list[dict], pins: dict | None) -> list[dict]:
         t0 = time.perf_counter()
         rels = fix.target_rels
+        if pins is not None and set(pins) != set(rels):
+            raise ConfigError(f"{fix.id}: fix.yaml targets {sorted(rels)} but {self.lock.path.name} pins {sorted(pins)}; run `fixpack lock --profile {self.profile.name}`; nothing was changed")
         cur = self.current(rels)
         for rel in rels:
             if cur[rel] is None:

@@ -39,6 +39,8 @@ def _guard_writes(allowed_dir: str) -> None:
                     return  # the source of a link is only read (os.symlink's need not even exist)
         elif event in spawn_events or event.startswith(("os.exec", "os.spawn", "os.posix_spawn")):
             raise PermissionError(f"fix tried to start a process ({event}); a fix computes its targets' new text and nothing else")
+        elif event in ("os.kill", "os.killpg", "signal.pthread_kill"):
+            raise PermissionError(f"fix tried to send a signal ({event}); a fix computes its targets' new text and nothing else")
         else:
             return
         check(path)
@@ -112,7 +114,10 @@ def main() -> int:
     try:
         result = run(job)
     except Exception as exc:  # reported to the driver; the driver decides the exit code
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        report = {"error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(exc, OSError) and exc.errno:
+            report["errno"] = exc.errno  # a full or read-only disk is the environment's fault, not the fix's
+        print(json.dumps(report))
         return 1
     print(json.dumps(result))
     return 0

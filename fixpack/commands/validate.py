@@ -16,10 +16,13 @@ def add_parser(sub):
     p.set_defaults(run=run)
 
 
-def _check_fix_dir(d: Path, layer: str) -> None:
+def _check_fix_dir(d: Path, layer: str, pack_root: Path) -> None:
     from fixpack.pack import load_fix
 
     fix = load_fix(d, layer=layer)
+    gate = (fix.meta.get("device_gate") or {}).get("gate")
+    if gate and not (pack_root / gate.split()[0]).exists():
+        raise ConfigError(f"{d / 'fix.yaml'}: device_gate.gate names {gate.split()[0]}, which does not exist")
     if fix.kind == "diff":
         from fixpack.diffpatch import parse_diff
 
@@ -50,7 +53,7 @@ def run(args) -> int:
                 continue
             checked += 1
             try:
-                _check_fix_dir(d, layer)
+                _check_fix_dir(d, layer, pack.root)
             except FixpackError as exc:
                 errors.append(str(exc))
     profiles = [args.profile] if args.profile else pack.profile_names()

@@ -41,9 +41,8 @@ def run(mask_cpu, use_index):
     for _ in range(REPEATS):
         inputs = base.clone()
         mask = mask_cpu.to(dev)
-        hpu_utils._MM_MERGE_INDEX = None
-        if use_index:
-            hpu_utils.set_mm_merge_index(mask, torch.nonzero(mask_cpu, as_tuple=True)[0].to(dev))
+        if use_index:  # as HPUModelRunner._gather_mm_embeddings attaches it
+            mask.hpu_mm_index = torch.nonzero(mask_cpu, as_tuple=True)[0].to(dev)
         torch.hpu.synchronize()
         t0 = time.perf_counter()
         out = hpu_utils._merge_multimodal_embeddings(inputs, embeds, mask)
