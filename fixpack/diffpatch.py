@@ -51,7 +51,7 @@ def parse_diff(data: bytes, *, where: str) -> list[FilePatch]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{where}: the diff is not UTF-8 ({exc})") from exc
     try:
-        patchset = unidiff.PatchSet(text.splitlines(keepends=True))
+        patchset = unidiff.PatchSet(split_lines(text))
     except unidiff.UnidiffParseError as exc:
         raise ConfigError(f"{where}: malformed or truncated diff: {exc}") from exc
     if len(patchset) == 0:
@@ -62,9 +62,9 @@ def parse_diff(data: bytes, *, where: str) -> list[FilePatch]:
         src, dst = _strip_prefix(pf.source_file), _strip_prefix(pf.target_file)
         if pf.is_binary_file:
             raise ConfigError(f"{where}: {dst}: binary diffs are not supported")
-        if pf.is_added_file or src == "/dev/null":
+        if src == "/dev/null":  # not unidiff's is_added_file: a hunk -0,0 may fill an existing empty file
             raise ConfigError(f"{where}: {dst}: the diff creates a file; fixes may only modify existing files")
-        if pf.is_removed_file or dst == "/dev/null":
+        if dst == "/dev/null":
             raise ConfigError(f"{where}: {src}: the diff deletes a file; fixes may only modify existing files")
         if src != dst:
             raise ConfigError(f"{where}: renames are not supported ({src} -> {dst})")
@@ -104,8 +104,15 @@ def _find_all(lines: list[bytes], block: list[bytes]) -> list[int]:
     return [i for i in range(len(lines) - n + 1) if lines[i : i + n] == block]
 
 
+def split_lines(data):
+    """Lines as diff(1) sees them: only '\n' ends a line ('\r', form feed, U+2028... are text)."""
+    nl = b"\n" if isinstance(data, bytes) else "\n"
+    parts = data.split(nl)
+    return [p + nl for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def apply_file_patch(data: bytes, fp: FilePatch, *, where: str) -> bytes:
-    lines = data.splitlines(keepends=True)
+    lines = split_lines(data)
     out: list[bytes] = []
     cursor = 0  # index into the original lines
     for h in fp.hunks:
@@ -142,7 +149,7 @@ def rebase_file_patch(data: bytes, fp: FilePatch) -> tuple[str, bytes | None, li
         return "exact", apply_file_patch(data, fp, where="rebase"), []
     except FixFailed:
         pass
-    lines = data.splitlines(keepends=True)
+    lines = split_lines(data)
     positions: list[int] = []
     notes: list[str] = []
     cursor = 0

@@ -47,6 +47,9 @@ class Engine:
     timeout: float = DEFAULT_TIMEOUT
     lock_wait: float = 600.0
     check_idempotent: bool = False
+    # Record mode only: results of (fix, input hashes) already computed, shared across the
+    # selections of one lock generation (a worker's output depends only on its inputs).
+    memo: dict | None = None
 
     def __post_init__(self):
         self.fixes: list[Fix] = self.pack.selection(self.profile, self.opt_ins, self.port)
@@ -394,7 +397,13 @@ class Engine:
         old = {rel: inputs[rel].read_bytes() for rel in rels}
         if any(sha256_bytes(old[r]) != cur[r] for r in rels):
             raise Drift(f"{fix.id}: a target changed while it was being read; nothing was changed")
-        new = self.run_worker(fix, inputs)
+        key = (fix.id, self._fix_hash[fix.id], tuple(cur[r] for r in rels))
+        if self.memo is not None and key in self.memo:
+            new = self.memo[key]
+        else:
+            new = self.run_worker(fix, inputs)
+            if self.memo is not None:
+                self.memo[key] = new
         files = {rel: [cur[rel], sha256_bytes(new[rel])] for rel in rels}
         if pins is not None:
             for rel in rels:

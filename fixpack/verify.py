@@ -34,6 +34,11 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Repo
     """What the image holds, from the state record and the files themselves."""
     state = store.read_state()
     result: dict = {"state": str(store.state_path), "fixes": [], "files": {}, "drift": False}
+    if store.journal_path.exists():
+        # a run was killed or failed mid-commit and could not roll back: the files may be between two states
+        report.say(f"interrupted: {store.journal_path} records a fix being committed; the next `fixpack apply` or `fixpack revert` finishes it")
+        result["interrupted"] = True
+        result["drift"] = True
     if state is None or state.get("__corrupt__"):
         result["applied"] = None
         report.say("no state record: nothing applied by fixpack" if state is None else f"state record {store.state_path} is corrupt")

@@ -54,10 +54,17 @@ def env(tree):
             state.output_token_ids.append(4)  # the token sampled at the end of the prompt
         return out
 
+    held = []
+
     def unscheduled_step(req_id):
         """The request is left out of one step: removed from the batch, then added back."""
         index = batch.remove_request(req_id)
         batch.condense([index])
+        # Other work in that step reuses freed memory; without this a freshly allocated
+        # torch.empty tensor could happen to hold the dropped rows again.
+        n = len(PROMPT) - 1
+        held.extend([torch.full((n, 3), -7, dtype=torch.int32), torch.full((n, 3), float("nan")),
+                     torch.full((n, ), -7, dtype=torch.int32)] * 4)
         batch.add_request(runner.requests[req_id])
 
     expected = (hidden @ head).log_softmax(-1)
@@ -82,7 +89,6 @@ def test_minus_one_means_whole_vocabulary(env):
 
 
 def test_sample_logprobs_minus_one_is_whole_vocabulary(env):
-    import torch
     from vllm.sampling_params import SamplingParams
     from vllm_gaudi.v1.worker.hpu_input_batch import CachedRequestState
 
@@ -90,6 +96,9 @@ def test_sample_logprobs_minus_one_is_whole_vocabulary(env):
                                sampling_params=SamplingParams(max_tokens=8, logprobs=-1), generator=None,
                                block_ids=[[1]], num_computed_tokens=0, output_token_ids=[])
     env.batch.add_request(state)
+    # The sampler gathers max_num_logprobs per row; -1 would take its "unsorted" branch, whose
+    # empty token-id tensor _build_logprobs_output cannot index, and with other requests in the
+    # batch the -1 request would get only their top-k.
     assert env.batch.max_num_logprobs == VOCAB
 
 
@@ -114,10 +123,10 @@ def test_readded_request_does_not_return_prompt_logprobs_again(env):
     assert "r" not in env.batch.num_prompt_logprobs
     # Unscheduled for a step, or preempted and resumed: it is added back with its output.
     env.unscheduled_step("r")
-    assert "r" not in env.batch.num_prompt_logprobs
     state = env.runner.requests["r"]
     state.num_computed_tokens = 0  # a resume without cache hits re-prefills prompt + output
     resumed_hidden = torch.cat([env.hidden, env.hidden[-1:]])  # prompt + the one output token
     again = env.runner._get_prompt_logprobs_dict({"r": resumed_hidden},
                                                  SimpleNamespace(num_scheduled_tokens={"r": len(PROMPT) + 1}))
     assert again == {}, "prompt logprobs returned a second time"
+    assert "r" not in env.batch.num_prompt_logprobs

@@ -122,11 +122,8 @@ def test_failing_non_output_rank_stops_its_loop_with_the_error(tree):
     # It still never writes to its response queue: nobody reads it.
     assert proc.worker_response_mq.items == []
 
-
-def test_output_rank_still_replies_failure_and_keeps_serving(tree):
-    from vllm.v1.executor.multiproc_executor import WorkerProc
-
-    # The output rank's error already reaches the executor as a FAILURE reply.
+    # Unchanged by the fix: the output rank's error reaches the executor as a FAILURE
+    # reply and that rank keeps serving.
     worker = FakeWorker(fail=True)
     proc = make_proc(WorkerProc, OUTPUT_RANK, worker, two_steps())
     error = run_loop_bounded(proc)
