@@ -1,0 +1,157 @@
+"""Checkpoint key -> exactly one parameter, completeness checked on bytes written.
+
+vllm-gaudi's synced weight loader drops the inner loader's return value, so a completeness
+check built on ``return_success`` mis-reports every expert (seed 001). This loader therefore
+never trusts a return value: it computes the destination region of every tensor itself,
+copies into it, and counts the elements written per parameter. After the stream ends:
+
+* a parameter written fewer elements than it holds -> error naming the checkpoint keys that
+  were expected for it and never arrived;
+* written more (two keys hitting one region, or a duplicate key) -> error naming the key;
+* an unknown key, or a tensor whose shape (after the parameter's reshape rule) does not fit
+  its region -> error naming the key, the checkpoint shape and the parameter shape.
+
+Sharding rules travel on the parameters (set by the model at construction):
+
+* ``glm5_view``: reshape the *whole* checkpoint tensor before sharding. The flat ``A_log`` [H]
+  becomes [1, 1, H, 1] and is then sharded on dim 2 -- sharding first fails at TP 8 and
+  silently works at TP 1 (seed 001: "TP 8 load fails; TP 1 hides it").
+* ``glm5_shard_dim``: the dim split across tensor-parallel ranks (None = replicated).
+* ``glm5_fused``: {checkpoint suffix: (row offset, rows)} for a parameter fused from several
+  checkpoint tensors (the HPU MLA path's fused q_a / kv_a projection).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..weights import map_checkpoint_key
+
+
+class CheckpointLoadError(ValueError):
+    """A checkpoint key or parameter did not load exactly once; the message names it."""
+
+
+@dataclass
+class LoadReport:
+    loaded_keys: set[str] = field(default_factory=set)
+    skipped_keys: list[str] = field(default_factory=list)
+    loaded_params: set[str] = field(default_factory=set)
+    elements: int = 0
+
+
+def _region(dest: torch.Tensor, tensor: torch.Tensor, key: str, param, name: str, tp_rank: int, tp_size: int):
+    view = getattr(param, "glm5_view", None)
+    if view is not None:
+        try:
+            tensor = tensor.reshape(view)
+        except RuntimeError:
+            raise CheckpointLoadError(
+                f"{key}: checkpoint shape {tuple(tensor.shape)} cannot be viewed as {tuple(view)} for {name}"
+            ) from None
+    dim = getattr(param, "glm5_shard_dim", None)
+    if dim is not None and tp_size > 1:
+        if dim >= tensor.dim():
+            raise CheckpointLoadError(
+                f"{key}: checkpoint shape {tuple(tensor.shape)} has no dim {dim} to shard for {name} "
+                f"{tuple(param.shape)} (a flat tensor must be reshaped before sharding)"
+            )
+        if tensor.shape[dim] % tp_size:
+            raise CheckpointLoadError(f"{key}: dim {dim} of {tuple(tensor.shape)} is not divisible by TP {tp_size}")
+        size = tensor.shape[dim] // tp_size
+        tensor = tensor.narrow(dim, tp_rank * size, size)
+    return tensor
+
+
+def expected_keys(param_name: str, param, num_experts: int | None = None) -> list[str]:
+    """The checkpoint keys that together fill ``param_name``."""
+    fused = getattr(param, "glm5_fused", None)
+    if fused:
+        stem = param_name.rsplit(".", 2)[0]
+        return [f"{stem}.{suffix}" for suffix in fused]
+    m = re.match(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<w>w13_weight|w2_weight)$", param_name)
+    if m:
+        projs = ("gate_proj", "up_proj") if m.group("w") == "w13_weight" else ("down_proj",)
+        n = param.shape[0] if num_experts is None else num_experts
+        return [f"{m.group('prefix')}.{e}.{p}.weight" for e in range(n) for p in projs]
+    return [param_name]
+
+
+@torch.no_grad()
+def load_checkpoint(
+    model: torch.nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    num_hidden_layers: int,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    skip: Callable[[str], bool] | None = None,
+    rename: Callable[[str], str] | None = None,
+) -> LoadReport:
+    """Load (checkpoint key, tensor) pairs into ``model``; raise :class:`CheckpointLoadError` unless
+    every parameter received exactly its number of elements and every key landed exactly once.
+
+    ``skip(key)`` marks keys deliberately not served (e.g. the vision tower with
+    GLM5_NEXT_VISION=0); MTP layers are skipped as transformers does. ``rename`` maps a checkpoint
+    key to the model's parameter naming, when they differ.
+    """
+    params = dict(model.named_parameters())
+    fused_owner = {}
+    for name, p in params.items():
+        for suffix in getattr(p, "glm5_fused", None) or ():
+            fused_owner[f"{name.rsplit('.', 2)[0]}.{suffix}"] = name
+    written = dict.fromkeys(params, 0)
+    report = LoadReport()
+    for key, tensor in weights:
+        if key in report.loaded_keys:
+            raise CheckpointLoadError(f"{key}: appears twice in the checkpoint stream")
+        target = map_checkpoint_key(key, num_hidden_layers)
+        if target is None or (skip is not None and skip(key)):
+            report.skipped_keys.append(key)
+            continue
+        pname = rename(target.param) if rename else target.param
+        offset = None
+        if pname not in params and key in fused_owner:
+            pname = fused_owner[key]
+        if pname not in params:
+            raise CheckpointLoadError(f"{key}: no parameter {pname!r} in the model (unknown checkpoint key)")
+        param = params[pname]
+        dest = param.data
+        fused = getattr(param, "glm5_fused", None)
+        if fused:
+            suffix = key[len(pname.rsplit(".", 2)[0]) + 1 :]
+            offset, rows = fused[suffix]
+            dest = dest.narrow(0, offset, rows)
+        src = _region(dest, tensor, key, param, pname, tp_rank, tp_size)
+        if target.expert is not None:
+            if target.expert >= dest.shape[0]:
+                raise CheckpointLoadError(f"{key}: expert {target.expert} beyond {pname} with {dest.shape[0]} experts")
+            dest = dest[target.expert]
+            half = dest.shape[0] // 2
+            if target.shard == "gate":
+                dest = dest[:half]
+            elif target.shard == "up":
+                dest = dest[half:]
+        if tuple(dest.shape) != tuple(src.shape):
+            raise CheckpointLoadError(
+                f"{key}: checkpoint shape {tuple(tensor.shape)} (as loaded {tuple(src.shape)}) != "
+                f"parameter {pname} region {tuple(dest.shape)}"
+            )
+        dest.copy_(src)
+        written[pname] += dest.numel()
+        if written[pname] > param.numel():
+            raise CheckpointLoadError(f"{key}: {pname} written {written[pname]} elements, it holds {param.numel()}")
+        report.loaded_keys.add(key)
+        report.elements += dest.numel()
+    missing_params = [n for n, p in params.items() if written[n] != p.numel()]
+    if missing_params:
+        lines = []
+        for n in missing_params:
+            keys = [k for k in expected_keys(n, params[n]) if k not in report.loaded_keys]
+            lines.append(f"{n}: {written[n]} of {params[n].numel()} elements; missing {keys[:8]}{' ...' if len(keys) > 8 else ''}")
+        raise CheckpointLoadError(f"{len(missing_params)} parameters not fully loaded:\n  - " + "\n  - ".join(lines))
+    report.loaded_params = set(params)
+    return report

@@ -1,0 +1,491 @@
+"""GLM-5.3-Flash for vLLM 0.26.0, built on the part-1 layers (``glm5_next_hpu.model`` / ``kda`` / ``mhc``).
+
+Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
+
+* **KDA layers** (``Glm5NextKDA``): a ``MambaBase`` layer with its own state spec -- conv state
+  (3*H*K channels x (kernel-1), model dtype) and an fp32 recurrent state (H, K, V), the shapes and
+  dtypes of vLLM's ``kda_state_shape`` / ``kda_state_dtype`` -- on the GDN metadata builder
+  (``MambaAttentionBackendEnum.GDN_ATTN``: query_start_loc, state indices, has_initial_state).
+  The core runs the port's PyTorch kernels (``chunk_kda`` prefill with the Hillis-Steele carry
+  or the sequential one per ``GLM5_NEXT_KDA_SCAN``, ``fused_recurrent_kda`` decode) inside one
+  custom op, reading and writing the engine's state slots with whole-tensor ``copy_``. It
+  implements only the non-caching state contract, so the model refuses prefix caching.
+  Parameter plumbing follows vLLM's Kimi KDA layer (separate q/k/v conv weights, ``A_log`` held
+  as [1, 1, H/tp, 1] and reshaped from the flat checkpoint tensor *before* sharding, fp32
+  ``dt_bias``) with GLM's bounded-sigmoid gate, not Kimi's softplus.
+* **NoPE MLA layers** (``Glm5NextMLA``): selected by platform. On CPU (which refuses MLA) the
+  *expanded* form: per-head keys and values from ``kv_b_proj`` of the normalised latent, vLLM's
+  standard ``Attention`` with head size ``qk_nope_head_dim`` (256 on the real model), scale
+  ``qk_nope_head_dim ** -0.5`` -- the same function as the latent form (there is no RoPE). On
+  other platforms (HPU) vLLM's ``MultiHeadLatentAttentionWrapper`` with a fused q_a/kv_a
+  projection, as the original port did. The DSA indexer is loaded but skipped (dense attention is
+  the same function up to index_topk + index_kpool - 1 keys).
+* **MoE / dense MLP / mHC**: the part-1 modules (fp32 sigmoid routing, bias for selection only,
+  swiglu clamp on routed, shared and dense experts; mHC in the reference op order). The Sinkhorn
+  switch: ``torch`` = the reference loop; ``kernel`` = the TPC op on HPU, and on CPU the same
+  operation order emulated (``sinkhorn_tpc_order``).
+* ``is_hybrid`` / ``has_inner_state`` set (seed 001: without is_hybrid every KDA layer was
+  silently skipped); the mamba-state classmethods describe the KDA state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.model_executor.layers.mamba.mamba_utils import (
+    MambaStateCopyFuncCalculator,
+    MambaStateDtypeCalculator,
+    MambaStateShapeCalculator,
+    is_conv_state_dim_first,
+)
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.platforms import current_platform
+from vllm.sequence import IntermediateTensors
+from vllm.utils.torch_utils import direct_register_custom_op
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+from .. import mhc as port_mhc
+from ..config import UnsupportedConfigError, validate_config
+from ..kda import causal_conv1d, chunk_kda, fused_recurrent_kda, kda_gate
+from ..model import MLP, MoE, RMSNorm, VisionModel
+from .loader import load_checkpoint
+from .switches import read_switches
+
+logger = logging.getLogger(__name__)
+
+#: head sizes vLLM 0.26.0's CPU attention backend accepts (REFERENCE.md, measured)
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def _text_config(vllm_config: VllmConfig):
+    return vllm_config.model_config.hf_text_config
+
+
+def _shard(param: nn.Parameter, dim: int | None, view: tuple[int, ...] | None = None) -> nn.Parameter:
+    param.glm5_shard_dim = dim
+    if view is not None:
+        param.glm5_view = view
+    return param
+
+
+# ============================================================================ KDA
+
+
+def glm5_next_kda_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    core_out: torch.Tensor,
+    layer_name: str,
+) -> None:
+    layer = get_forward_context().no_compile_layers[layer_name]
+    layer._core(q, k, v, g, beta, core_out)
+
+
+def glm5_next_kda_core_fake(q, k, v, g, beta, core_out, layer_name) -> None:
+    return
+
+
+direct_register_custom_op(
+    op_name="glm5_next_kda_core",
+    op_func=glm5_next_kda_core,
+    mutates_args=["core_out"],
+    fake_impl=glm5_next_kda_core_fake,
+)
+
+
+class Glm5NextKDA(nn.Module, MambaBase):
+    """KDA linear attention with GLM's bounded gate, on the engine's mamba state slots."""
+
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+        self.tp_size = get_tensor_model_parallel_world_size()
+        if self.tp_size != 1:
+            raise UnsupportedConfigError("the plugin's PyTorch KDA layer is written for TP 1 (one device per replica)")
+        D, H, K = config.hidden_size, config.linear_num_heads, config.linear_head_dim
+        self.num_heads, self.head_dim, self.conv_size = H, K, config.linear_conv_kernel_dim
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        for name in ("q", "k", "v"):
+            lin = nn.Linear(D, H * K, bias=False)
+            _shard(lin.weight, 0)
+            setattr(self, f"{name}_proj", lin)
+            # vLLM Kimi layout: [H*K/tp, 1, W], fp32.
+            setattr(self, f"{name}_conv1d", _Weight(torch.empty(H * K, 1, self.conv_size, dtype=torch.float32), 0))
+        self.f_a_proj = nn.Linear(D, K, bias=False)
+        self.f_b_proj = nn.Linear(K, H * K, bias=False)
+        _shard(self.f_b_proj.weight, 0)
+        self.dt_bias = _shard(nn.Parameter(torch.empty(H * K, dtype=torch.float32), requires_grad=False), 0)
+        # Flat [H] on disk; held as [1, 1, H/tp, 1] (vLLM's Kimi layout) -> reshape, then shard dim 2.
+        self.A_log = _shard(nn.Parameter(torch.empty(1, 1, H, 1, dtype=torch.float32), requires_grad=False), 2, (1, 1, -1, 1))
+        self.b_proj = nn.Linear(D, H, bias=False)
+        _shard(self.b_proj.weight, 0)
+        self.g_a_proj = nn.Linear(D, K, bias=False)
+        self.g_b_proj = nn.Linear(K, H * K, bias=False)
+        _shard(self.g_b_proj.weight, 0)
+        self.o_norm = RMSNorm(K, config.rms_norm_eps)
+        self.o_proj = nn.Linear(H * K, D, bias=False)
+        _shard(self.o_proj.weight, 1)
+        self.lower_bound = config.linear_lower_bound
+        self.kv_cache = (torch.tensor([]), torch.tensor([]))
+        ctx = vllm_config.compilation_config.static_forward_context
+        if prefix in ctx:
+            raise ValueError(f"Duplicate layer name: {prefix}")
+        ctx[prefix] = self
+        self.calls = 0  # KDA core calls with real tokens (the seed's "count KDA calls")
+
+    # --- MambaBase state contract
+    @property
+    def mamba_type(self) -> MambaAttentionBackendEnum:
+        return MambaAttentionBackendEnum.GDN_ATTN
+
+    def get_state_shape(self):
+        return MambaStateShapeCalculator.kda_state_shape(
+            self.tp_size, self.num_heads, self.head_dim, conv_kernel_size=self.conv_size
+        )
+
+    def get_state_dtype(self):
+        return MambaStateDtypeCalculator.kda_state_dtype(self.model_config.dtype, self.cache_config.mamba_cache_dtype)
+
+    # --- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> [T, D]."""
+        T = x.shape[0]
+        H, K = self.num_heads, self.head_dim
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        g = kda_gate(self.f_b_proj(self.f_a_proj(x)), self.A_log.view(-1), self.dt_bias, self.lower_bound)
+        beta = torch.sigmoid(self.b_proj(x).float())
+        core = torch.zeros(T, H, K, dtype=x.dtype, device=x.device)
+        torch.ops.vllm.glm5_next_kda_core(q, k, v, g.reshape(T, H * K), beta, core, self.prefix)
+        gate = self.g_b_proj(self.g_a_proj(x)).view(T, H, K)
+        of = core.float()
+        of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.o_norm.eps)
+        of = self.o_norm.weight.float() * of * torch.sigmoid(gate.float())
+        return self.o_proj(of.to(x.dtype).reshape(T, H * K))
+
+    def _conv_weight(self) -> torch.Tensor:
+        return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0).squeeze(1)
+
+    def _core(self, q, k, v, g, beta, core_out) -> None:
+        md_all = get_forward_context().attn_metadata
+        if md_all is None:
+            return  # profile run
+        md = md_all[self.prefix]
+        n_tok = md.num_actual_tokens
+        if n_tok == 0:
+            return
+        if md.num_spec_decodes:
+            raise NotImplementedError("speculative decoding is not supported by the GLM-5.3-Flash KDA layer")
+        H, K = self.num_heads, self.head_dim
+        conv_cache, rec_cache = self.kv_cache
+        qsl = md.non_spec_query_start_loc.tolist()
+        slots = md.non_spec_state_indices_tensor.tolist()
+        n_seq = md.num_decodes + md.num_prefills
+        has_init = md.has_initial_state.tolist() if md.has_initial_state is not None else [True] * n_seq
+        weight = self._conv_weight()
+        qkv_all = torch.cat([q, k, v], dim=-1)[:n_tok]  # [T, 3HK]
+        for i in range(n_seq):
+            s, e, slot = qsl[i], qsl[i + 1], slots[i]
+            if e == s:
+                continue
+            L = e - s
+            init = bool(has_init[i])
+            # Conv state slot: SD layout (W-1, C) or DS layout (C, W-1); the port wants [1, C, W-1].
+            cs = conv_cache[slot] if is_conv_state_dim_first() else conv_cache[slot].transpose(0, 1)
+            state = cs.unsqueeze(0) if init else None
+            out, new_state = causal_conv1d(qkv_all[s:e].t().unsqueeze(0), weight, state)
+            cs.copy_(new_state[0].to(cs.dtype))
+            qq, kk, vv = out[0].t().reshape(L, 3, H, K).unsqueeze(0).unbind(2)
+            gg = g[s:e].view(1, L, H, K)
+            bb = beta[s:e].view(1, L, H)
+            S0 = rec_cache[slot].unsqueeze(0) if init else None
+            if init and L == 1:
+                o, S = fused_recurrent_kda(qq, kk, vv, gg, bb, initial_state=S0)
+            else:
+                o, S = chunk_kda(qq, kk, vv, gg, bb, initial_state=S0)
+            rec_cache[slot].copy_(S[0].to(rec_cache.dtype))
+            core_out[s:e] = o[0].to(core_out.dtype)
+        self.calls += 1
+
+
+class _Weight(nn.Module):
+    """A bare ``weight`` parameter (the conv weights, held in vLLM's Kimi layout [H*K, 1, W])."""
+
+    def __init__(self, t: torch.Tensor, shard_dim: int | None):
+        super().__init__()
+        self.weight = _shard(nn.Parameter(t, requires_grad=False), shard_dim)
+
+
+# ============================================================================ MLA
+
+
+class Glm5NextMLA(nn.Module):
+    """NoPE MLA. CPU: expanded per-head K/V + vLLM Attention. Elsewhere: vLLM's MLA wrapper."""
+
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str):
+        super().__init__()
+        from ..model import Indexer
+
+        D, H = config.hidden_size, config.num_attention_heads
+        self.num_heads, self.nope, self.v_dim = H, config.qk_nope_head_dim, config.v_head_dim
+        self.q_lora_rank, self.kv_lora_rank = config.q_lora_rank, config.kv_lora_rank
+        self.expanded = current_platform.is_cpu()
+        bias = config.attention_bias
+        self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
+        self.q_b_proj = nn.Linear(config.q_lora_rank, H * self.nope, bias=False)
+        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, config.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(config.kv_lora_rank, H * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(H * self.v_dim, D, bias=bias)
+        self.indexer = Indexer(config)  # loaded, skipped (dense == DSA up to index_topk + kpool - 1 keys)
+        if self.expanded:
+            if self.nope not in CPU_ATTENTION_HEAD_SIZES:
+                raise UnsupportedConfigError(
+                    f"qk_nope_head_dim {self.nope} is not a head size vLLM's CPU attention accepts {CPU_ATTENTION_HEAD_SIZES}"
+                )
+            if self.v_dim != self.nope:
+                raise UnsupportedConfigError(f"expanded MLA needs v_head_dim == qk_nope_head_dim, got {self.v_dim} / {self.nope}")
+            self.q_a_proj = nn.Linear(D, config.q_lora_rank, bias=bias)
+            self.kv_a_proj_with_mqa = nn.Linear(D, config.kv_lora_rank, bias=bias)
+            self.attn = Attention(
+                num_heads=H,
+                head_size=self.nope,
+                scale=self.nope**-0.5,
+                num_kv_heads=H,
+                cache_config=vllm_config.cache_config,
+                quant_config=vllm_config.quant_config,
+                prefix=f"{prefix}.attn",
+            )
+        else:  # HPU: the latent (MLA) cache through vLLM's wrapper. Not exercised on CPU.
+            from vllm.model_executor.layers.mla import MLAModules, MultiHeadLatentAttentionWrapper
+
+            self.fused_qkv_a_proj = _FusedQkvA(D, config.q_lora_rank, config.kv_lora_rank)
+            modules = MLAModules(
+                kv_a_layernorm=self.kv_a_layernorm, kv_b_proj=_TupleOut(self.kv_b_proj), rotary_emb=None,
+                o_proj=_TupleOut(self.o_proj), fused_qkv_a_proj=self.fused_qkv_a_proj, kv_a_proj_with_mqa=None,
+                q_a_layernorm=self.q_a_layernorm, q_b_proj=_TupleOut(self.q_b_proj), q_proj=None,
+                indexer=None, is_sparse=False, topk_indices_buffer=None,
+            )
+            self.mla_attn = MultiHeadLatentAttentionWrapper(
+                D, H, self.nope**-0.5, self.nope, 0, self.v_dim, config.q_lora_rank, config.kv_lora_rank,
+                modules, vllm_config.cache_config, vllm_config.quant_config, prefix,
+            )
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if not self.expanded:
+            return self.mla_attn(positions, x)
+        T = x.shape[0]
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        c = self.kv_a_layernorm(self.kv_a_proj_with_mqa(x))
+        kv = self.kv_b_proj(c).view(T, self.num_heads, self.nope + self.v_dim)
+        k, v = kv.split([self.nope, self.v_dim], dim=-1)
+        out = self.attn(q, k.reshape(T, -1), v.reshape(T, -1))
+        return self.o_proj(out.view(T, -1))
+
+
+class _FusedQkvA(nn.Module):
+    """q_a_proj and kv_a_proj_with_mqa in one GEMM (rows: q_lora | kv_lora), as vLLM's MLA wrapper wants."""
+
+    def __init__(self, D: int, q_lora: int, kv_lora: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(q_lora + kv_lora, D), requires_grad=False)
+        self.weight.glm5_fused = {"q_a_proj.weight": (0, q_lora), "kv_a_proj_with_mqa.weight": (q_lora, kv_lora)}
+
+    def forward(self, x):
+        return F.linear(x, self.weight), None
+
+
+class _TupleOut(nn.Module):
+    def __init__(self, inner: nn.Linear):
+        super().__init__()
+        self.inner = inner
+
+    @property
+    def weight(self):
+        return self.inner.weight
+
+    def forward(self, x):
+        return self.inner(x), None
+
+
+# ============================================================================ decoder
+
+
+class Glm5NextDecoderLayer(nn.Module):
+    def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str, sinkhorn_tpc: bool):
+        super().__init__()
+        self.is_kda = config.layer_types[layer_idx] == "linear_attention"
+        attn_prefix = f"{prefix}.self_attn"
+        self.self_attn = (
+            Glm5NextKDA(config, vllm_config, attn_prefix) if self.is_kda else Glm5NextMLA(config, vllm_config, attn_prefix)
+        )
+        self.mlp = (
+            MoE(config)
+            if config.mlp_layer_types[layer_idx] == "sparse"
+            else MLP(config.hidden_size, config.intermediate_size, config.swiglu_limit)
+        )
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        n, width = config.hc_mult, (2 + config.hc_mult) * config.hc_mult
+        for half in ("attn", "ffn"):
+            setattr(self, f"hc_{half}_fn", nn.Parameter(torch.zeros(width, n * config.hidden_size, dtype=torch.float32), requires_grad=False))
+            setattr(self, f"hc_{half}_base", nn.Parameter(torch.zeros(width, dtype=torch.float32), requires_grad=False))
+            setattr(self, f"hc_{half}_scale", nn.Parameter(torch.ones(3, dtype=torch.float32), requires_grad=False))
+        self.hc_args = dict(rms_eps=config.rms_norm_eps, hc_eps=config.hc_eps, iters=config.hc_sinkhorn_iters, tpc_order=sinkhorn_tpc)
+
+    def _hc(self, half: str, X: torch.Tensor):
+        p = lambda s: getattr(self, f"hc_{half}_{s}")  # noqa: E731
+        return port_mhc.hc_pre(X, p("fn"), p("base"), p("scale"), **self.hc_args)
+
+    def forward(self, positions: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """X [1, T, N, D] streams."""
+        post, comb, x = self._hc("attn", X)
+        h = self.input_layernorm(x)[0]
+        y = self.self_attn(h) if self.is_kda else self.self_attn(positions, h)
+        X = port_mhc.hc_post(y[None], X, post, comb)
+        post, comb, x = self._hc("ffn", X)
+        return port_mhc.hc_post(self.mlp(self.post_attention_layernorm(x)), X, post, comb)
+
+
+class Glm5NextTextModel(nn.Module):
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str, sinkhorn_tpc: bool):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            Glm5NextDecoderLayer(config, vllm_config, i, f"{prefix}.layers.{i}", sinkhorn_tpc)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        X = embeds.unsqueeze(0).unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1).contiguous()
+        for layer in self.layers:
+            X = layer(positions, X)
+        return self.norm(port_mhc.hc_head(X))[0]
+
+
+def _check_checkpoint_config(vllm_config: VllmConfig, text, prefix_caching: bool):
+    """The vendored schema against the checkpoint's config.json, field by field, and against the
+    config vLLM parsed (transformers). Local checkpoints only; a hub id is logged and skipped."""
+    from pathlib import Path
+
+    from .hf_config import TEXT_FIELDS, ConfigCheckError, check_config_json
+
+    path = Path(str(vllm_config.model_config.model)) / "config.json"
+    if not path.is_file():
+        logger.info("glm5_next_hpu: %s not on local disk; config.json schema check skipped", path)
+        return None
+    checked, report = check_config_json(
+        path, tp_size=vllm_config.parallel_config.tensor_parallel_size, prefix_caching=prefix_caching
+    )
+    differ = [
+        f"{name}: config.json {getattr(checked, name)!r} != parsed {getattr(text, name, None)!r}"
+        for name in TEXT_FIELDS
+        if getattr(text, name, None) != getattr(checked, name)
+    ]
+    if differ:
+        raise ConfigCheckError("the vendored reading of config.json differs from vLLM's parsed config:\n  - " + "\n  - ".join(differ))
+    return report
+
+
+class _Container(nn.Module):
+    pass
+
+
+class Glm5NextForConditionalGeneration(nn.Module, HasInnerState, IsHybrid):
+    """GLM-5.3-Flash text model for vLLM 0.26.0 (images: the vision tower is built and loaded with
+    GLM5_NEXT_VISION=1, but this CPU build registers no multimodal processor -- text prompts only)."""
+
+    is_hybrid = True
+    has_inner_state = True
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        hf = vllm_config.model_config.hf_config
+        text = _text_config(vllm_config)
+        self.switches = read_switches()
+        cache = vllm_config.cache_config
+        prefix_caching = bool(getattr(cache, "enable_prefix_caching", False))
+        # Refuse prefix caching (and anything else the port cannot serve) at construction.
+        validate_config(text, tp_size=vllm_config.parallel_config.tensor_parallel_size, prefix_caching=prefix_caching)
+        self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
+        sinkhorn_tpc = self.switches.mhc_sinkhorn == "kernel"
+        if sinkhorn_tpc and current_platform.is_cpu():
+            logger.info("GLM5_NEXT_MHC_SINKHORN=kernel on CPU: the TPC kernel's operation order, emulated in PyTorch")
+        self.config = hf
+        self.text_config = text
+        self.model = _Container()
+        self.model.language_model = Glm5NextTextModel(text, vllm_config, "model.language_model", sinkhorn_tpc)
+        vision_cfg = getattr(hf, "vision_config", None)
+        if self.switches.vision and vision_cfg is not None:
+            self.model.visual = VisionModel(vision_cfg)
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.decode_layer_group = min(self.switches.decode_layer_group, text.num_hidden_layers)  # HPU lazy-mode grouping
+
+    # --- vLLM model interface
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.language_model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        embeds = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        return self.model.language_model(positions, embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states, self.lm_head.weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        vision = hasattr(self.model, "visual")
+        report = load_checkpoint(
+            self,
+            weights,
+            self.text_config.num_hidden_layers,
+            tp_rank=get_tensor_model_parallel_rank(),
+            tp_size=get_tensor_model_parallel_world_size(),
+            skip=None if vision else (lambda key: key.startswith("model.visual.")),
+        )
+        self.load_report = report
+        return report.loaded_params
+
+    # --- hybrid (mamba) state description, per the KDA layer
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        return MambaStateDtypeCalculator.kda_state_dtype(
+            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
+        )
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        t = _text_config(vllm_config)
+        return MambaStateShapeCalculator.kda_state_shape(
+            vllm_config.parallel_config.tensor_parallel_size,
+            t.linear_num_heads,
+            t.linear_head_dim,
+            conv_kernel_size=t.linear_conv_kernel_dim,
+        )
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return MambaStateCopyFuncCalculator.kda_state_copy_func()
+
+    def kda_calls(self) -> int:
+        return sum(layer.self_attn.calls for layer in self.model.language_model.layers if layer.is_kda)

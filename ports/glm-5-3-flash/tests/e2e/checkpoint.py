@@ -1,0 +1,53 @@
+"""A tiny random GLM-5.3-Flash checkpoint on disk: real key names (save_pretrained), both layer
+kinds, MoE, mHC, the vision tower; and an offline WordLevel tokenizer saved alongside."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+import reference_harness as rh
+
+# Head size of the NoPE MLA heads: vLLM's CPU attention accepts 32 (not the harness's 16).
+HEAD = 32
+
+
+def e2e_config():
+    cfg = rh.tiny_config(index_topk=128)
+    t = cfg.text_config
+    t.qk_nope_head_dim = HEAD
+    t.v_head_dim = HEAD
+    if hasattr(t, "qk_head_dim"):
+        t.qk_head_dim = HEAD
+    t.eos_token_id = None
+    cfg.architectures = ["Glm5NextForConditionalGeneration"]
+    return cfg
+
+
+def build(path: Path, seed: int = 0):
+    """Save reference weights + config + tokenizer to ``path``; return the reference model."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.glm5_next import modeling_glm5_next as ref
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(seed)
+    cfg = e2e_config()
+    model = ref.Glm5NextForConditionalGeneration(cfg).eval()
+    rh.unhide(model, seed + 1)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    vocab = {f"w{i}": i for i in range(cfg.text_config.vocab_size)}
+    vocab["[UNK]"] = 1  # shares an id with w1; unknown words never occur in the prompts
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="w0")
+    fast.save_pretrained(path)
+    return model, cfg
+
+
+def prompt_ids(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [7, 23, 64, 90, 3, 41][:n]
+    return [torch.randint(2, 240, (L,), generator=g).tolist() for L in lengths]
