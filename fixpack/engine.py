@@ -358,6 +358,14 @@ class Engine:
             state = self.store.read_state()
             applied = self.applied_steps(state)
             self.check_base(applied)
+            ported = sorted({s.get("layer", "profile")[5:] for s in applied if s.get("layer", "profile").startswith("port:")})
+            mine = self.port.name if self.port else None
+            if ported and ported != [mine]:
+                # Never drop a port's patches because a command line forgot it: the model would stop loading.
+                raise ConfigError(
+                    f"the image has port {', '.join(ported)} applied; name it (--port {ported[0]}) to keep it, "
+                    "or remove it explicitly with `fixpack revert --all` first"
+                )
             common = 0
             while (
                 common < len(applied)
