@@ -242,3 +242,38 @@ def test_refuses_to_run_in_a_process_that_imported_a_target(pack, monkeypatch):
         assert "pkg_a already imported" in str(exc)
     else:
         raise AssertionError("an imported target must be refused")
+
+
+def make_port(root):
+    """A port 'demo' on the synthetic profile, with one patch of its own (the layer below)."""
+    import yaml
+
+    from builders import write_fix
+
+    d = root / "ports" / "demo"
+    d.mkdir(parents=True)
+    # a diff of the file a profile codemod also rewrites (anchored elsewhere in it)
+    write_fix(d, "port-patch", "diff", ["pkg_a/sub/other.py"], "--- a/pkg_a/sub/other.py\n+++ b/pkg_a/sub/other.py\n@@ -13,2 +13,2 @@\n def helper(x):\n-    return x + 1\n+    return x + 2\n")
+    (d / "port.yaml").write_text(yaml.safe_dump({"name": "demo", "profile": "test", "patches": ["port-patch"], "plugin": {"package": "demo_plugin"}}))
+
+
+def test_a_port_is_the_layer_below_the_profile_and_is_never_dropped_silently(tmp_path):
+    root = make_pack(tmp_path / "pack")
+    make_port(root)
+    write_lock(root)
+    tree = new_tree(root, tmp_path / "tree")
+    r = fixpack("apply", "--profile", "test", "--port", "demo", "--root", str(tree), "fix-opt", pack=root)
+    assert r.returncode == 0, r.stderr
+    assert [l.split(".")[0] for l in r.stdout.splitlines() if "applied" in l] == ["port-patch", "fix-one", "fix-two", "fix-opt"]
+    assert "return x + 2" in read(tree, "pkg_a/sub/other.py") and "enumerate(ids)" in read(tree, "pkg_a/sub/other.py")
+    r = apply_all("--profile", "test", "--port", "demo", "fix-opt", "--root", str(tree), "--pack", str(root))
+    assert r.returncode == 0 and "already applied" in r.stdout
+    # forgetting --port at container start must not unwind the port
+    before = hashes(tree)
+    r = fixpack("apply", "--profile", "test", "--root", str(tree), "fix-opt", pack=root)
+    assert r.returncode == 2 and "--port demo" in r.stderr
+    assert hashes(tree) == before
+    state = json.loads((tree / ".fixpack" / "state.json").read_text())
+    assert state["port"] == "demo" and state["steps"][0]["layer"] == "port:demo"
+    assert fixpack("revert", "--all", "--profile", "test", "--root", str(tree), pack=root).returncode == 0
+    assert hashes(tree) == hashes(root / "pristine")
