@@ -101,13 +101,17 @@ class AdvanceAsyncOutputHistory(Rewrite):
             """        # Async scheduling: the previous step's tokens exist only on the device, so nothing
         # appended them to the output history that penalties and bad words read. Append them
         # once per step (a host sync, only when such a request is in the batch), as vLLM's GPU
-        # runner does in update_async_output_token_ids. Requests without penalties or bad words
-        # never read their history; a re-added request gets its history from the scheduler.
+        # runner does in update_async_output_token_ids. Requests without penalties, bad words or
+        # min_tokens never read their history; a re-added request gets its history from the scheduler.
         prev_tokens = self.input_batch.prev_sampled_token_ids
         if (self.use_async_scheduling and prev_tokens is not None
                 and prev_tokens is not getattr(self, "_async_history_from", None)):
             self._async_history_from = prev_tokens
-            if not self.input_batch.no_penalties or self.input_batch.bad_words_token_ids:
+            # min_tokens (fed by the logitsprocs-rows fix) counts the history too: without it the
+            # stop tokens of such a request would stay masked until max_tokens.
+            if (not self.input_batch.no_penalties or self.input_batch.bad_words_token_ids
+                    or any(r.sampling_params is not None and r.sampling_params.min_tokens
+                           for r in self.requests.values())):
                 prev_tokens = prev_tokens.cpu().tolist()
                 for req_id, row in (self.input_batch.prev_req_id_to_index or {}).items():
                     req_state = self.requests.get(req_id)
