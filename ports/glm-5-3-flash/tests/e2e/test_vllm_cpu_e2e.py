@@ -161,6 +161,23 @@ def test_bf16_logprobs_close_and_tokens_equal_up_to_first_near_tie(ckpt, referen
     del engine
 
 
+def test_multiprocess_engine_finds_the_plugin_by_entry_point(ckpt, reference_tokens):
+    """The engine core in its own process registers the architecture via load_general_plugins()."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prompts = ck.prompt_ids(N_PROMPTS)[:3]
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("mp_generate.py")), str(ckpt[0]), str(NEW_TOKENS), json.dumps(prompts)],
+        capture_output=True, text=True, timeout=900,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TOKENS ")]
+    assert proc.returncode == 0 and lines, (proc.stdout[-2000:] + proc.stderr[-4000:])
+    assert json.loads(lines[-1][len("TOKENS "):]) == reference_tokens[:3]
+
+
 def test_prefix_caching_is_refused_at_construction(ckpt, llm):
     from vllm import LLM
 
