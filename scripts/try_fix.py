@@ -47,13 +47,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("fix")
     ap.add_argument("--after", nargs="*", default=[])
-    ap.add_argument("--tree", default=os.environ.get("FIXPACK_DEV_TREE", "/tmp/release-v0.26.0"))
+    ap.add_argument("--tree", default=os.environ.get("FIXPACK_DEV_TREE"), help="a pristine release tree (default: from the fixpack cache)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         stage = Path(tmp) / "stage"
         stage.mkdir()
-        shutil.copytree(a.tree, tree)
+        if a.tree:
+            shutil.copytree(a.tree, tree)
+        else:
+            from fixpack import sources
+            from fixpack.pack import Pack, default_pack_root
+
+            sources.materialise(Pack(default_pack_root()).profile("v0.26.0").base["sources"], tree)
         for f in a.after:
             apply(Path(f), tree, stage)
         print("== before the fix (must FAIL)")
