@@ -32,6 +32,8 @@ def apply(fix_dir: Path, tree: Path, stage: Path) -> None:
     if "error" in res:
         sys.exit(f"{fix.id}: {res['error']}")
     for t in job["targets"]:
+        # replace, never write into: the tree may be hard-linked to the read-only cache
+        (tree / t["rel"]).unlink()
         shutil.copyfile(t["out"], tree / t["rel"])
     print(f"applied {fix.id}")
 
