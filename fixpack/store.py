@@ -69,21 +69,25 @@ def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None,
     """Stage next to ``path``, fsync, keep mode and owner, rename over it, fsync the folder."""
     tmp = path.with_name(f".{path.name}.fixpack-tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.unlink(tmp)  # left by a killed run, or planted (a symlink): never opened, never written through
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             view = memoryview(data)
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
             os.fsync(fd)
+            if like is not None:  # on the descriptor, owner first: chown clears setuid/setgid bits
+                try:
+                    os.fchown(fd, like.st_uid, like.st_gid)
+                except PermissionError:
+                    pass
+                os.fchmod(fd, like.st_mode & 0o7777)
         finally:
             os.close(fd)
-        if like is not None:
-            os.chmod(tmp, like.st_mode & 0o7777)
-            try:
-                os.chown(tmp, like.st_uid, like.st_gid)
-            except PermissionError:
-                pass
         crashpoint(f"staged {label or path.name}")
         os.replace(tmp, path)
         crashpoint(f"renamed {label or path.name}")

@@ -194,3 +194,99 @@ def apply_all(*args: str, env: dict | None = None, timeout: float = 120) -> subp
     if env:
         e.update(env)
     return subprocess.run([sys.executable, str(REPO / "apply_all.py"), *args], capture_output=True, text=True, timeout=timeout, env=e)
+
+
+# ---- reliability campaign helpers (appended; the functions above are shared by other tests)
+
+
+def tree_digest(tree: Path, *, content: bool = True, skip: tuple[str, ...] = (".fixpack",)) -> dict[str, tuple]:
+    """Every entry under ``tree`` (files, links, folders) with its kind, mode, owner and sha256.
+
+    ``content=False`` records (inode, size, mtime) instead of the hash: cheap on a release tree,
+    and still catches any rewrite, since fixpack replaces files by rename (a new inode).
+    """
+    import hashlib
+    import stat as st
+
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(tree):
+        rel_dir = Path(dirpath).relative_to(tree)
+        dirnames[:] = sorted(d for d in dirnames if not (rel_dir == Path(".") and d in skip))
+        for name in sorted(dirnames) + sorted(filenames):
+            p = Path(dirpath) / name
+            s = os.lstat(p)
+            rel = (rel_dir / name).as_posix()
+            if st.S_ISLNK(s.st_mode):
+                out[rel] = ("link", os.readlink(p))
+            elif st.S_ISDIR(s.st_mode):
+                out[rel] = ("dir", st.S_IMODE(s.st_mode), s.st_uid, s.st_gid)
+            elif content:
+                out[rel] = ("file", st.S_IMODE(s.st_mode), s.st_uid, s.st_gid, hashlib.sha256(p.read_bytes()).hexdigest())
+            else:
+                out[rel] = ("file", st.S_IMODE(s.st_mode), s.st_uid, s.st_gid, s.st_ino, s.st_size, s.st_mtime_ns)
+    return out
+
+
+def make_chain_pack(root: Path, *, n_files: int = 8, n_fixes: int = 7, files_per_fix: int = 4, codemod: bool = True, seed: int = 7) -> Path:
+    """A larger synthetic profile for kill sweeps: ``n_fixes`` multi-file fixes over ``n_files``
+    modules of pkg_a/pkg_b, later fixes building on earlier ones (diffs made against the state
+    the fixes before them leave), plus one codemod. Pristine tree in ``root/pristine``."""
+    import difflib
+    import random
+
+    import yaml
+
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    src = root / "pristine"
+    write_tree(src)
+    files = [f"pkg_{'ab'[i % 2]}/chain_{i}.py" for i in range(n_files)]
+    current = {}
+    for i, rel in enumerate(files):
+        text = "".join(f"value_{i}_{k} = {k}\n" for k in range(1, 41))
+        (src / rel).write_text(text)
+        current[rel] = text
+    entries = []
+    for j in range(n_fixes):
+        fid = f"chain-{j:02d}"
+        targets = sorted(rng.sample(files, min(files_per_fix, n_files)))
+        parts = []
+        for rel in targets:
+            lines = current[rel].splitlines(keepends=True)
+            k = rng.randrange(len(lines))
+            lines[k] = lines[k].rstrip("\n") + f"  # {fid}\n"
+            new = "".join(lines)
+            parts.append("".join(difflib.unified_diff(current[rel].splitlines(keepends=True), new.splitlines(keepends=True), f"a/{rel}", f"b/{rel}")))
+            current[rel] = new
+        write_fix(root, fid, "diff", targets, "".join(parts))
+        entries.append({"id": fid})
+    if codemod:
+        write_fix(root, "fix-two", "codemod", ["pkg_a/sub/other.py"], CODEMOD_TWO)
+        entries.insert(len(entries) // 2, {"id": "fix-two"})
+    (root / "profiles").mkdir(exist_ok=True)
+    profile = {"name": "test", "base": {"sources": {}}, "packages": ["pkg_a", "pkg_b"], "fixes": entries}
+    (root / "profiles" / "test.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return root
+
+
+def forge_lock(pack_root: Path, fid: str, profile: str = "test") -> None:
+    """Re-pin one fix's own hash in the lock after its files were replaced, keeping the pinned
+    file states: the engine then runs the (changed) fix and must refuse what it produces."""
+    from fixpack.pack import load_fix
+
+    path = pack_root / "profiles" / f"{profile}.lock.json"
+    lock = json.loads(path.read_text())
+    d = next(p for p in (pack_root / "fixes" / fid, *(pack_root / "ports").glob(f"*/fixes/{fid}")) if p.is_dir())
+    fix = load_fix(d)
+    lock["fixes"][fid]["hash"] = fix.content_hash()
+    path.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
+
+
+def fault_fixpack(*args: str, pack: Path | None = None, faults: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The CLI with injected faults (tests/faultwrap.py reads FAULT_* from the environment)."""
+    cmd = [sys.executable, str(REPO / "tests" / "faultwrap.py"), *args]
+    if pack is not None:
+        cmd += ["--pack", str(pack)]
+    e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(REPO))
+    e.update(faults or {})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=REPO)
