@@ -57,3 +57,53 @@ def test_text_found_twice_is_an_error():
 def test_other_targets_are_left_alone():
     result = apply_rewrites([rewrite(["A.g"], "return 2", "return 3", target="pkg/other.py")], "pkg/t.py", SRC)
     assert result.text == SRC and result.rewritten == []
+
+
+TRICKY = '''import functools
+
+
+@functools.lru_cache
+def top(x):
+    return x  # top
+
+
+class Outer:
+    """Doc."""
+
+    class Inner:
+        @staticmethod
+        @functools.wraps(top)
+        def deep(y):
+            text = """
+col zero line inside a string
+"""
+            return y
+
+    async def co(self):
+        return 1
+    # a trailing comment at method depth
+
+if True:
+\tdef guarded():
+\t\treturn 0
+'''
+
+
+@pytest.mark.parametrize(
+    "node, old, new",
+    [
+        ("top", "return x  # top", "return x + 1  # top"),
+        ("Outer.Inner.deep", "return y", "return y * 2"),
+        ("Outer.co", "return 1", "return 2"),
+        ("guarded", "return 0", "return 1"),
+        ("Outer.Inner", "class Inner:", "class Inner:  # renamed nothing"),
+    ],
+)
+def test_parsing_only_the_definition_gives_the_same_bytes_as_a_whole_module_parse(node, old, new):
+    from fixpack.codemod import apply_rewrites_whole_module
+
+    r = [rewrite([node], old, new)]
+    fast = apply_rewrites(r, "pkg/t.py", TRICKY).text
+    assert fast == apply_rewrites_whole_module(r, "pkg/t.py", TRICKY).text
+    assert fast != TRICKY and new in fast
+    assert "col zero line inside a string\n" in fast  # string content never re-indented
