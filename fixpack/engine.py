@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack import __version__
+from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
 from fixpack.hashing import sha256_bytes, sha256_file, short
 from fixpack.lockfile import Lock, selection_key
@@ -50,6 +51,9 @@ class Engine:
     # Record mode only: results of (fix, input hashes) already computed, shared across the
     # selections of one lock generation (a worker's output depends only on its inputs).
     memo: dict | None = None
+    # Record mode only: where each codemod's definitions sit, by input file hash, for the lock
+    # (a pinned run then skips parsing a whole module to find them).
+    anchors: dict | None = None
 
     def __post_init__(self):
         self.fixes: list[Fix] = self.pack.selection(self.profile, self.opt_ins, self.port)
@@ -61,6 +65,7 @@ class Engine:
                 if rel not in self.files:
                     self.files.append(rel)
         self._fix_hash = {f.id: f.content_hash() for f in self.fixes}
+        self._forkserver: ForkServer | None = None
         self.pinned: dict | None = None
         if self.lock is not None:
             self.pinned = self.lock.selection(self.key)
@@ -271,30 +276,48 @@ class Engine:
             self.report.say(f"warning: could not roll back ({exc}); the next run completes the interrupted fix from {self.store.journal_path}")
 
     # ---- workers
-    def run_worker(self, fix: Fix, inputs: dict[str, Path]) -> dict[str, bytes]:
+    def _server(self) -> ForkServer:
+        if self._forkserver is None:
+            env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+            pkg_parent = str(Path(__file__).resolve().parent.parent)
+            env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            self._forkserver = ForkServer(env, cwd=str(self.store.dir))
+        return self._forkserver
+
+    def close(self) -> None:
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
+
+    def run_worker(self, fix: Fix, inputs: dict[str, Path], pins: dict | None = None, hashes: dict | None = None) -> dict[str, bytes]:
         stage = self.store.dir / "staging" / fix.id
         shutil.rmtree(stage, ignore_errors=True)
         try:
             stage.mkdir(parents=True)
         except OSError as exc:
             raise fs_error(exc, f"cannot create {stage}") from exc
+        known = self.lock.data.get("anchors", {}) if self.lock is not None else {}
         job = {
             "fix_dir": str(fix.dir),
             "kind": fix.kind,
             "stage_dir": str(stage),
             "check_idempotent": self.check_idempotent,
-            "targets": [{"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")} for i, (rel, src) in enumerate(inputs.items())],
+            "targets": [
+                {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out"), "anchors": known.get((hashes or {}).get(rel), {})}
+                for i, (rel, src) in enumerate(inputs.items())
+            ],
+            # An output equal to its pin was compiled when the pin was recorded; the worker need not compile it again.
+            "expect": {rel: pins[rel][1] for rel in inputs} if pins else {},
         }
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        pkg_parent = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "fixpack.worker"], input=json.dumps(job), capture_output=True, text=True, timeout=self.timeout, cwd=stage, env=env
-            )
-        except subprocess.TimeoutExpired:
+            proc = self._server().run(job, self.timeout)
+        except ServerDied as exc:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise FixFailed(f"{fix.id}: {exc}; nothing was written") from None
+        if proc["timed_out"]:
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: its process did not finish within {self.timeout:.0f} s; nothing was written") from None
+        proc = subprocess.CompletedProcess([], proc["rc"], proc["stdout"], proc["stderr"])
         try:
             lines = proc.stdout.strip().splitlines()
             result = json.loads(lines[-1]) if lines else {}
@@ -315,6 +338,9 @@ class Engine:
             raise FixFailed(f"{fix.id}: wrote files it did not declare ({', '.join(sorted(produced - expected))}); nothing was written")
         out = {t["rel"]: Path(t["out"]).read_bytes() for t in job["targets"]}
         shutil.rmtree(stage, ignore_errors=True)
+        if self.anchors is not None and hashes:
+            for rel, found in (result.get("anchors") or {}).items():
+                self.anchors.setdefault(hashes[rel], {}).update(found)
         return out
 
     # ---- apply
@@ -374,6 +400,11 @@ class Engine:
                 and applied[common].get("fix_hash") == self._fix_hash[self.fixes[common].id]
             ):
                 common += 1
+            if self.fixes[common:]:
+                try:
+                    self._server().start()  # it imports the fix machinery while fixes are unwound
+                except OSError:
+                    pass  # run_worker starts it again and reports what fails
             steps = applied
             for s in reversed(applied[common:]):
                 steps = self.unwind(s, steps)
@@ -385,6 +416,7 @@ class Engine:
                 self.store.write_state(dict(self._base_state(), steps=steps))
             return 0
         finally:
+            self.close()
             self.store.unlock()
 
     def apply_one(self, fix: Fix, steps: list[dict], pins: dict | None) -> list[dict]:
@@ -409,7 +441,7 @@ class Engine:
         if self.memo is not None and key in self.memo:
             new = self.memo[key]
         else:
-            new = self.run_worker(fix, inputs)
+            new = self.run_worker(fix, inputs, pins, cur)
             if self.memo is not None:
                 self.memo[key] = new
         files = {rel: [cur[rel], sha256_bytes(new[rel])] for rel in rels}

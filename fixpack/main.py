@@ -12,11 +12,13 @@ from fixpack.errors import FixpackError
 COMMANDS = ["list", "show", "apply", "verify", "revert", "validate", "sources", "manifest", "lock", "check", "rebase_report", "refresh", "recipe"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that command's (the others are not even imported: a
+    container start runs `verify` or `apply` and should not pay for the rest)."""
     parser = argparse.ArgumentParser(prog="fixpack", description="Hash-pinned source fixes for vLLM on Intel Gaudi.")
     parser.add_argument("--version", action="version", version=f"fixpack {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
+    for name in [only] if only else COMMANDS:
         try:
             module = importlib.import_module(f"fixpack.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -27,8 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    first = next((a for a in argv if not a.startswith("-")), None)
+    name = first.replace("-", "_") if first else None
+    return name if name in COMMANDS and first == argv[0] else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -1,4 +1,5 @@
-"""Applies one fix in its own process: ``python -m fixpack.worker`` with a JSON job on stdin.
+"""Applies one fix in its own process: a child of fixpack.forkserver, or
+``python -m fixpack.worker`` with a JSON job on stdin.
 
 The job names the fix folder, its kind, and for each declared target the file to read and
 the staging file to write. The worker never writes anywhere else: an audit hook refuses any
@@ -8,6 +9,7 @@ checks the staged bytes against the pins and commits them; nothing here touches 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -58,6 +60,7 @@ def _guard_writes(allowed_dir: str) -> None:
 def run(job: dict) -> dict:
     fix_dir = Path(job["fix_dir"])
     outputs: dict[str, str] = {}
+    anchors: dict[str, dict] = {}
     if job["kind"] == "diff":
         from fixpack.diffpatch import apply_file_patch, parse_diff
 
@@ -87,7 +90,13 @@ def run(job: dict) -> dict:
                 raise PermissionError(f"{codemod_file}: {cls.__name__} targets {cls.target!r}, which fix.yaml does not declare")
         for t in job["targets"]:
             source = Path(t["src"]).read_bytes().decode("utf-8")
-            result = apply_rewrites(rewrites, t["rel"], source)
+            pin = (job.get("expect") or {}).get(t["rel"])
+            result = apply_rewrites(rewrites, t["rel"], source, t.get("anchors"), as_text=bool(pin))
+            if pin and hashlib.sha256(result.text.encode("utf-8")).hexdigest() != pin:
+                # the text-only form differs from the pin: libcst decides (and the driver checks)
+                result = apply_rewrites(rewrites, t["rel"], source, t.get("anchors"))
+            if result.anchors:
+                anchors[t["rel"]] = result.anchors
             if not result.rewritten:
                 raise ValueError(f"{codemod_file}: no rewrite targets {t['rel']}")
             new = result.text.encode("utf-8")
@@ -97,19 +106,23 @@ def run(job: dict) -> dict:
                     raise ValueError(f"{codemod_file}: not idempotent on {t['rel']}: a second run changes its own output")
             Path(t["out"]).write_bytes(new)
             outputs[t["rel"]] = t["out"]
-    # Every output must at least be valid Python that compiles.
+    # Every output must at least be valid Python that compiles, unless it is byte for byte the
+    # pinned result (the lock compiled that one when it recorded the pin; the driver checks it).
+    expect = job.get("expect") or {}
     for rel, out in outputs.items():
         if rel.endswith(".py"):
             data = Path(out).read_bytes()
+            if expect.get(rel) and hashlib.sha256(data).hexdigest() == expect[rel]:
+                continue
             try:
                 compile(data, rel, "exec", dont_inherit=True)
             except SyntaxError as exc:
                 raise ValueError(f"the fixed {rel} does not compile: {exc.msg} at line {exc.lineno}") from exc
-    return {"outputs": outputs}
+    return {"outputs": outputs, "anchors": anchors}
 
 
-def main() -> int:
-    job = json.loads(sys.stdin.read())
+def execute(job: dict) -> int:
+    """Guard writes, compute the fix's outputs, print the result as one JSON line."""
     _guard_writes(job["stage_dir"])
     try:
         result = run(job)
@@ -121,6 +134,10 @@ def main() -> int:
         return 1
     print(json.dumps(result))
     return 0
+
+
+def main() -> int:
+    return execute(json.loads(sys.stdin.read()))
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def make_diff(rel: str, old: bytes, new: bytes) -> bytes:
     return "".join(out).encode()
 
 
-def inprocess_worker(self, fix, inputs):
+def inprocess_worker(self, fix, inputs, pins=None, hashes=None):
     stage = Path(tempfile.mkdtemp(prefix="fixpack-prop-stage-"))
     job = {
         "fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage), "check_idempotent": self.check_idempotent,

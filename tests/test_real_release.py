@@ -135,3 +135,45 @@ def test_every_port_patch_is_proven_red_green_against_the_release():
     port = Pack(REPO).port("glm-5-3-flash")
     proven = {x["fix"] for x in data["results"] if x["result"] in ("proven", "NOT-CPU")}
     assert proven == set(port.patches)
+
+
+@pytest.mark.parametrize("port", [None, "glm-5-3-flash"])
+def test_every_pinned_codemod_takes_the_text_form_and_gives_its_pinned_bytes(tmp_path, monkeypatch, port):
+    """A pinned run edits each codemod's definitions as text, located by the lock's anchors,
+    with libcst not even importable here; each output must be its pin (a miss would fall back
+    to libcst and fail to import). `fixpack lock --check` proves the pins are libcst's."""
+    import os
+    import sys
+
+    from fixpack import worker
+    from fixpack.hashing import sha256_bytes
+    from fixpack.pack import Pack
+
+    tree, profile = release_tree(tmp_path)
+    pack = Pack(REPO)
+    port_obj = pack.port(port) if port else None
+    lock = json.loads(profile.lock_path.read_text())
+    steps = next(s for s in lock["selections"] if s["key"] == f"{port or '-'}|")["steps"]
+    for name in [m for m in sys.modules if m == "libcst" or m.startswith("libcst.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "libcst", None)
+    kinds = set()
+    for i, step in enumerate(steps):
+        fix = pack.fix(step["fix"], port=port_obj if lock["fixes"][step["fix"]]["layer"].startswith("port:") else None)
+        kinds.add(fix.kind)
+        stage = tmp_path / f"stage{i}"
+        stage.mkdir()
+        job = {
+            "fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage),
+            "expect": {rel: after for rel, (_, after) in step["files"].items()},
+            "targets": [
+                {"rel": rel, "src": str(tree / rel), "out": str(stage / f"{j}.out"), "anchors": lock["anchors"].get(before, {})}
+                for j, (rel, (before, _)) in enumerate(step["files"].items())
+            ],
+        }
+        worker.run(job)
+        for t in job["targets"]:
+            out = (stage / t["out"].rsplit("/", 1)[1]).read_bytes()
+            assert sha256_bytes(out) == job["expect"][t["rel"]], f"{fix.id}: {t['rel']}"
+            os.replace(stage / t["out"].rsplit("/", 1)[1], tree / t["rel"])  # never write through the cache's hard links
+    assert kinds == {"diff", "codemod"}

@@ -1,0 +1,167 @@
+"""One process per fix without paying an interpreter start-up and a libcst import per fix.
+
+The driver starts one server (``python -m fixpack.forkserver``) that imports the fix
+machinery (unidiff; libcst once an unpinned codemod needs it) once and never imports a
+target package or a fix. For every job
+the server forks a fresh child; the child installs the write guard, loads the fix and
+computes its outputs (fixpack.worker.run), exactly as a separate ``python -m fixpack.worker``
+would. A fix that crashes, hangs or misbehaves ends its own child only; the server reports
+its exit status, its output and whether it was killed for the timeout.
+
+Protocol: one JSON job per line on the server's stdin (the worker's job plus ``timeout``);
+one JSON reply per line on its stdout: ``{"rc", "stdout", "stderr", "timed_out"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+
+def _drain(pid: int, fds: dict[int, bytearray], timeout: float) -> tuple[int | None, bool]:
+    """Read the child's pipes until they close and it exits; kill it after ``timeout``."""
+    sel = selectors.DefaultSelector()
+    for fd in fds:
+        sel.register(fd, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    while sel.get_map():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        for key, _ in sel.select(left):
+            chunk = os.read(key.fd, 65536)
+            if chunk:
+                fds[key.fd] += chunk
+            else:
+                sel.unregister(key.fd)
+    sel.close()
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return (None if timed_out else os.waitstatus_to_exitcode(status)), timed_out
+
+
+def _run_job(job: dict) -> dict:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fix's own process
+        code = 1
+        try:
+            os.close(out_r)
+            os.close(err_r)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.chdir(job["stage_dir"])
+            from fixpack.worker import execute
+
+            code = execute(job)
+        except BaseException:  # noqa: BLE001 - anything at all: the child must not return into the server loop
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    bufs = {out_r: bytearray(), err_r: bytearray()}
+    rc, timed_out = _drain(pid, bufs, float(job.get("timeout", 120)))
+    os.close(out_r)
+    os.close(err_r)
+    return {"rc": rc, "timed_out": timed_out, "stdout": bufs[out_r].decode("utf-8", "replace"), "stderr": bufs[err_r].decode("utf-8", "replace")}
+
+
+def serve() -> int:
+    # Imported once here so that no fix's process pays for them; nothing else is imported.
+    import unidiff  # noqa: F401
+
+    import fixpack.codemod  # noqa: F401
+    import fixpack.diffpatch  # noqa: F401
+    import fixpack.worker  # noqa: F401
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        if job.get("kind") == "codemod" and not job.get("expect"):
+            # an unpinned codemod (lock, rebase) runs on the libcst tree; a pinned one edits
+            # text and is checked against its pin, so libcst is imported only when needed
+            import libcst  # noqa: F401
+        reply = _run_job(job)
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+class ServerDied(RuntimeError):
+    pass
+
+
+class ForkServer:
+    """The driver's side: start the server on first use, send jobs, stop it at the end."""
+
+    def __init__(self, env: dict, cwd: str):
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Start the server (it imports libcst while the driver checks the tree)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fixpack.forkserver"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=self.cwd,
+            )
+
+    def run(self, job: dict, timeout: float) -> dict:
+        self.start()
+        try:
+            self.proc.stdin.write((json.dumps(dict(job, timeout=timeout)) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise ServerDied(self._died(f"could not take the job ({exc})")) from None
+        # The server kills a child at `timeout`; allow it start-up and reporting time on top.
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout + 60)
+        sel.close()
+        line = self.proc.stdout.readline() if ready else b""
+        if not line:
+            raise ServerDied(self._died("gave no answer" if ready else f"did not answer within {timeout + 60:.0f} s"))
+        return json.loads(line)
+
+    def _died(self, what: str) -> str:
+        proc, self.proc = self.proc, None
+        proc.kill()
+        err = proc.communicate()[1].decode("utf-8", "replace").strip().splitlines()
+        return f"the fix process server {what}" + (f": {err[-1]}" if err else "")
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

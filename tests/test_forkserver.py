@@ -1,0 +1,112 @@
+"""The fork server: each fix runs in its own forked child of one server that has imported the
+fix machinery once; a child that crashes, hangs or dies leaves the server serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from builders import REPO
+from fixpack.forkserver import ForkServer, ServerDied
+
+SRC = "def f():\n    return 1\n"
+
+
+def job(tmp_path: Path, name: str, body: str) -> dict:
+    fix = tmp_path / name
+    fix.mkdir()
+    (fix / "codemod.py").write_text(
+        "import os, sys\nfrom fixpack.codemod import Rewrite, replace_once\n\n\n"
+        "class R(Rewrite):\n    target = 'pkg/t.py'\n    nodes = ['f']\n\n"
+        f"    def rewrite(self, qualname, node):\n        {body}\n"
+    )
+    src = tmp_path / "t.py"
+    src.write_text(SRC)
+    stage = tmp_path / f"stage-{name}"
+    stage.mkdir()
+    return {"fix_dir": str(fix), "kind": "codemod", "stage_dir": str(stage), "targets": [{"rel": "pkg/t.py", "src": str(src), "out": str(stage / "0.out")}]}
+
+
+@pytest.fixture
+def server(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    s = ForkServer(env, cwd=str(tmp_path))
+    yield s
+    s.close()
+
+
+def result(reply: dict) -> dict:
+    return json.loads(reply["stdout"].strip().splitlines()[-1])
+
+
+def test_jobs_run_in_children_of_one_server(server, tmp_path):
+    first = server.run(job(tmp_path, "a", "return replace_once(node, 'return 1', 'return 2')"), timeout=60)
+    assert first["rc"] == 0 and not first["timed_out"], first
+    assert Path(result(first)["outputs"]["pkg/t.py"]).read_text() == SRC.replace("1", "2")
+    pid = server.proc.pid
+    # each job is its own process: its pid is neither the server's nor the previous job's
+    a = server.run(job(tmp_path, "b", "print(os.getpid(), os.getppid()); return replace_once(node, 'return 1', 'return 3')"), timeout=60)
+    b = server.run(job(tmp_path, "c", "print(os.getpid(), os.getppid()); return replace_once(node, 'return 1', 'return 4')"), timeout=60)
+    (pa, ppa), (pb, ppb) = (tuple(map(int, r["stdout"].split()[:2])) for r in (a, b))
+    assert ppa == ppb == pid and len({pa, pb, pid}) == 3
+    assert server.proc.pid == pid  # one server for all of them
+
+
+def test_a_crashing_child_is_reported_and_the_server_serves_on(server, tmp_path):
+    crash = server.run(job(tmp_path, "segv", "import ctypes; ctypes.string_at(0)"), timeout=60)
+    assert crash["rc"] == -11 and not crash["timed_out"]
+    exited = server.run(job(tmp_path, "exit", "sys.stderr.write('going\\n'); sys.stderr.flush(); os._exit(3)"), timeout=60)
+    assert exited["rc"] == 3 and "going" in exited["stderr"]
+    ok = server.run(job(tmp_path, "ok", "return replace_once(node, 'return 1', 'return 2')"), timeout=60)
+    assert ok["rc"] == 0
+
+
+def test_a_hanging_child_is_killed_at_its_timeout(server, tmp_path):
+    hung = server.run(job(tmp_path, "hang", "while True: pass"), timeout=1)
+    assert hung["timed_out"] and hung["rc"] is None
+    ok = server.run(job(tmp_path, "ok", "return replace_once(node, 'return 1', 'return 2')"), timeout=60)
+    assert ok["rc"] == 0
+
+
+def test_a_child_may_not_write_outside_its_stage_or_start_processes(server, tmp_path):
+    outside = tmp_path / "outside.txt"
+    w = server.run(job(tmp_path, "w", f"open({str(outside)!r}, 'w').write('x')"), timeout=60)
+    assert w["rc"] == 1 and "outside its staging area" in result(w)["error"] and not outside.exists()
+    p = server.run(job(tmp_path, "p", "os.system('true')"), timeout=60)
+    assert p["rc"] == 1 and "tried to start a process" in result(p)["error"]
+
+
+def test_a_dead_server_is_reported_and_replaced(server, tmp_path):
+    server.start()
+    server.proc.kill()
+    server.proc.wait()
+    with pytest.raises(ServerDied, match="fix process server"):
+        # a server that died between jobs cannot take the next one...
+        server.proc.poll = lambda: None  # ...as seen by a driver that has not noticed yet
+        server.run(job(tmp_path, "a", "return node"), timeout=10)
+    ok = server.run(job(tmp_path, "b", "return replace_once(node, 'return 1', 'return 2')"), timeout=60)
+    assert ok["rc"] == 0
+
+
+def test_the_server_imports_no_target_package_and_pinned_runs_no_libcst(tmp_path):
+    code = (
+        "import sys, fixpack.forkserver as f\n"
+        "sys.stdin = open(sys.argv[1])\n"
+        "f.serve()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'vllm_gaudi', 'libcst')), file=sys.stderr)\n"
+    )
+    j = job(tmp_path, "a", "return replace_once(node, 'return 1', 'return 2')")
+    from fixpack.hashing import sha256_bytes
+
+    j["expect"] = {"pkg/t.py": sha256_bytes(SRC.replace("1", "2").encode())}
+    (tmp_path / "jobs").write_text(json.dumps(j) + "\n")
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "jobs")], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["rc"] == 0
+    assert r.stderr.strip().splitlines()[-1] == "[]"
