@@ -67,6 +67,35 @@ PORT_SCHEMA = {
 }
 
 
+_LOADER = None
+
+
+def _strict_loader(yaml):
+    """The safe loader (the C one when built; never the unsafe one) refusing duplicate keys,
+    which plain YAML loading resolves silently by keeping the last."""
+    global _LOADER
+    if _LOADER is None:
+        base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+        class StrictSafeLoader(base):
+            def construct_mapping(self, node, deep=False):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    try:
+                        key = self.construct_object(key_node, deep=True)
+                        first = seen.setdefault(key, key_node.start_mark.line)
+                    except TypeError:  # an unhashable key: the base class reports it
+                        continue
+                    if first != key_node.start_mark.line:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} at line {key_node.start_mark.line + 1} (first at line {first + 1})", key_node.start_mark
+                        )
+                return super().construct_mapping(node, deep)
+
+        _LOADER = StrictSafeLoader
+    return _LOADER
+
+
 def load_yaml(path: Path) -> Any:
     import yaml
 
@@ -74,9 +103,8 @@ def load_yaml(path: Path) -> Any:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader when built; never the unsafe one
     try:
-        return yaml.load(raw, Loader=loader)
+        return yaml.load(raw, Loader=_strict_loader(yaml))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
 

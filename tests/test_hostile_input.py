@@ -51,11 +51,21 @@ def test_a_hunk_whose_text_occurs_twice_changes_only_the_line_it_names(tmp_path)
     assert (tree / "pkg_b" / "x.py").read_text() == "alpha\nbeta\ngamma\nalpha\nBETA\ngamma\n"
 
 
-@pytest.mark.xfail(strict=True, reason="design decision: YAML duplicate keys are accepted silently (last one wins) by yaml.safe_load; "
-                   "refusing them needs a loader of our own in fixpack.schema.load_yaml")
 def test_duplicate_keys_in_fix_yaml_are_refused(tmp_path):
     root = make_pack(tmp_path / "pack")
     p = root / "fixes" / "fix-one" / "fix.yaml"
     p.write_text(p.read_text() + "summary: a second summary\n")
+    before = p.read_bytes()
     r = fixpack("validate", pack=root)
-    assert r.returncode == 2 and "summary" in r.stdout + r.stderr
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{p}: invalid YAML: duplicate key 'summary' at line" in r.stdout + r.stderr
+    assert p.read_bytes() == before
+
+
+def test_duplicate_keys_in_a_nested_mapping_and_a_profile_are_refused(tmp_path):
+    root = make_pack(tmp_path / "pack")
+    prof = next((root / "profiles").glob("*.yaml"))
+    text = prof.read_text()
+    prof.write_text(text.replace("base:\n", "base:\n  pytorch: '2.11'\n  pytorch: '2.12'\n", 1) if "base:\n" in text else text + "name: again\n")
+    r = fixpack("validate", pack=root)
+    assert r.returncode == 2 and "duplicate key" in r.stdout + r.stderr and str(prof) in r.stdout + r.stderr
