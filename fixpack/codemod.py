@@ -88,12 +88,23 @@ class DefinitionText:
         raise NeedsTree(name)
 
 
-def replace_once(node: cst.BaseStatement, old: str, new: str, *, what: str = "") -> cst.BaseStatement:
+def dedent(text: str, by: int) -> str:
+    """``text`` with ``by`` leading spaces taken from every line that has them."""
+    pad = " " * by
+    return "\n".join(line[by:] if line.startswith(pad) else line for line in text.split("\n"))
+
+
+def replace_once(node: cst.BaseStatement, old: str, new: str, *, indent: int = 0, what: str = "") -> cst.BaseStatement:
     """Replace the text ``old`` by ``new`` inside one definition, exactly once.
 
+    ``indent``: the snippets are written as they sit in the file, where the definition is
+    ``indent`` columns deep (a method: 4); the definition's own text starts at column 0.
     Already applied (``new`` present once, ``old`` gone or only inside ``new``) returns the
-    node unchanged, which keeps codemods idempotent. Anything else is an error.
+    node unchanged, which keeps codemods idempotent. Anything else is an error. The blank
+    lines above the definition are kept as they were.
     """
+    if indent:
+        old, new = dedent(old, indent), dedent(new, indent)
     as_text = isinstance(node, DefinitionText)
     code = node.code if as_text else node_code(node)
     label = what or (node.label if as_text else getattr(getattr(node, "name", None), "value", "node"))

@@ -2,21 +2,9 @@
 the previous step sampled it there, and bring the previous step's tokens into the output
 history that penalties and bad words read."""
 
-from fixpack.codemod import Rewrite, replace_once as _replace_once
+from fixpack.codemod import Rewrite, replace_once
 
 TARGET = "vllm_gaudi/v1/worker/hpu_model_runner.py"
-
-
-def _method_text(text):
-    # The snippets below are written as they sit in the file (methods indented by 4); a
-    # method's own code starts at column 0.
-    return "\n".join(line[4:] if line.startswith("    ") else line for line in text.split("\n"))
-
-
-def replace_once(node, old, new):
-    # Keep the blank lines above the method as they were (re-parsing indents them).
-    new_node = _replace_once(node, _method_text(old), _method_text(new))
-    return new_node.with_changes(leading_lines=node.leading_lines)
 
 
 class ReportTokensTakenFromDevice(Rewrite):
@@ -34,7 +22,7 @@ class ReportTokensTakenFromDevice(Rewrite):
 """,
             """        if self.input_batch.prev_sampled_token_ids is None:
             return [] if return_index else None
-""")
+""", indent=4)
         node = replace_once(
             node,
             """            # So input_ids_cpu will have all the input ids.
@@ -42,7 +30,7 @@ class ReportTokensTakenFromDevice(Rewrite):
 """,
             """            # So input_ids_cpu will have all the input ids.
             return [] if return_index else None
-""")
+""", indent=4)
         node = replace_once(
             node,
             """            self.input_ids_hpu[:len(flattened_indices)].copy_(prev_sampled_token_ids[:len(flattened_indices)])
@@ -50,7 +38,7 @@ class ReportTokensTakenFromDevice(Rewrite):
 """,
             """            self.input_ids_hpu[:len(flattened_indices)].copy_(prev_sampled_token_ids[:len(flattened_indices)])
             return flattened_indices if return_index else None
-""")
+""", indent=4)
         return replace_once(
             node,
             """        if return_index:
@@ -59,7 +47,7 @@ class ReportTokensTakenFromDevice(Rewrite):
             """        if return_index:
             # The positions written here; every other position of input_ids_hpu is stale.
             return flattened_indices
-""")
+""", indent=4)
 
 
 class OverwriteOnlyDeviceSampledDecodes(Rewrite):
@@ -85,7 +73,7 @@ class OverwriteOnlyDeviceSampledDecodes(Rewrite):
                     rows_device = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
                     token_ids_device.index_copy_(0, rows_device,
                                                  self.input_ids_hpu.index_select(0, rows_device).view(-1, 1))
-""")
+""", indent=4)
 
 
 class AdvanceAsyncOutputHistory(Rewrite):
@@ -119,7 +107,7 @@ class AdvanceAsyncOutputHistory(Rewrite):
                         req_state.output_token_ids.append(prev_tokens[row])
         # Create the sampling metadata.
         req_id_output_token_ids_lst = \\
-""")
+""", indent=4)
 
 
 class ResetHistoryOnReAdd(Rewrite):
@@ -146,4 +134,4 @@ class ResetHistoryOnReAdd(Rewrite):
                 elif self.use_async_scheduling:
                     # The scheduler kept no outputs (e.g. it discarded an in-flight token).
                     req_state.output_token_ids = []
-""")
+""", indent=4)

@@ -9,24 +9,19 @@ NEW_SIG = ("def get_decode_cfgs(self, max_num_seqs, block_size, max_num_batched_
            "                    skip_decode_block_clamp=False):")
 
 
-def _edit(node, old, new):
-    # Re-parsing loses the blank line's indentation style; keep the original one.
-    return replace_once(node, old, new).with_changes(leading_lines=node.leading_lines)
-
-
 class ManagerFlag(Rewrite):
     target = "vllm_gaudi/extension/bucketing/common.py"
     nodes = ["HPUBucketingManager.initialize", "HPUBucketingManager.generate_decode_buckets"]
 
     def rewrite(self, qualname, node):
         if qualname.endswith("initialize"):
-            return _edit(
+            return replace_once(
                 node, "    self.num_hpu_blocks = None\n",
                 "    self.num_hpu_blocks = None\n"
                 "    # Set by the model runner (warmup_model) for models whose decode block\n"
                 "    # references can reach the worst case; they skip the decode block clamp.\n"
                 "    self.skip_decode_block_clamp = False\n")
-        return _edit(
+        return replace_once(
             node, "                max_blocks=self.num_hpu_blocks)\n",
             "                max_blocks=self.num_hpu_blocks,\n"
             "                skip_decode_block_clamp=getattr(self, 'skip_decode_block_clamp', False))\n")
@@ -37,8 +32,8 @@ class ExponentialClamp(Rewrite):
     nodes = ["ExponentialBucketingStrategy.get_decode_cfgs"]
 
     def rewrite(self, qualname, node):
-        node2 = _edit(node, OLD_SIG, NEW_SIG)
-        return _edit(
+        node2 = replace_once(node, OLD_SIG, NEW_SIG)
+        return replace_once(
             node2,
             "    max_decode_blocks = min(max_blocks, max_decode_blocks) if use_contiguous_pa else max_decode_blocks\n",
             "    if use_contiguous_pa:\n"
@@ -58,7 +53,7 @@ class LinearSignature(Rewrite):
     nodes = ["LinearBucketingStrategy.get_decode_cfgs"]
 
     def rewrite(self, qualname, node):
-        return _edit(node, OLD_SIG, NEW_SIG)
+        return replace_once(node, OLD_SIG, NEW_SIG)
 
 
 class PaddingAwareSignature(Rewrite):
@@ -66,7 +61,7 @@ class PaddingAwareSignature(Rewrite):
     nodes = ["PaddingAwareBucketingStrategy.get_decode_cfgs"]
 
     def rewrite(self, qualname, node):
-        return _edit(node, OLD_SIG, NEW_SIG)
+        return replace_once(node, OLD_SIG, NEW_SIG)
 
 
 class RunnerDetectsUnboundedModels(Rewrite):
@@ -74,7 +69,7 @@ class RunnerDetectsUnboundedModels(Rewrite):
     nodes = ["HPUModelRunner.warmup_model"]
 
     def rewrite(self, qualname, node):
-        return _edit(
+        return replace_once(
             node, "        saved_block_size = self.bucketing_manager.block_size\n",
             "        saved_block_size = self.bucketing_manager.block_size\n"
             "        # Decode block references can reach the unclamped worst case for an\n"

@@ -2,17 +2,7 @@
 blocks, the decode pad block and the decode block-bucket limit are counted in kernel blocks,
 the unit of the attention caches and of the decode block tables."""
 
-from fixpack.codemod import Rewrite, replace_once as _replace_once
-
-
-def _method_text(text):
-    # The snippets are written as they sit in the file (methods indented by 4); a method's
-    # own code starts at column 0.
-    return "\n".join(line[4:] if line.startswith("    ") else line for line in text.split("\n"))
-
-
-def replace_once(node, old, new):
-    return _replace_once(node, _method_text(old), _method_text(new))
+from fixpack.codemod import Rewrite, replace_once
 
 
 class PadBlockInKernelBlocks(Rewrite):
@@ -29,14 +19,14 @@ class PadBlockInKernelBlocks(Rewrite):
         num_blocks = 0
         # Attention kernel blocks allocated on the hybrid path (None elsewhere).
         num_attn_kernel_blocks = None
-""")
+""", indent=4)
         new = replace_once(
             new,
             """                        num_kernel_blocks = num_blocks * blocks_per_kv_block
 """,
             """                        num_kernel_blocks = num_blocks * blocks_per_kv_block
                         num_attn_kernel_blocks = num_kernel_blocks
-""")
+""", indent=4)
         new = replace_once(
             new,
             """        self._PAD_BLOCK_ID = num_blocks
@@ -49,9 +39,9 @@ class PadBlockInKernelBlocks(Rewrite):
         self._num_attn_kernel_blocks = num_blocks if num_attn_kernel_blocks is None else num_attn_kernel_blocks
         self._PAD_BLOCK_ID = self._num_attn_kernel_blocks
         self._PAD_SLOT_ID = self._num_attn_kernel_blocks * self.attn_block_size
-""")
+""", indent=4)
         # Keep the blank lines above the method as they were (re-parsing indents them).
-        return new.with_changes(leading_lines=node.leading_lines)
+        return new
 
 
 class DecodeBucketLimitInKernelBlocks(Rewrite):
@@ -81,5 +71,5 @@ class DecodeBucketLimitInKernelBlocks(Rewrite):
             finally:
                 self.bucketing_manager.block_size = saved_block_size
                 self.bucketing_manager.num_hpu_blocks = saved_num_hpu_blocks
-""")
-        return new.with_changes(leading_lines=node.leading_lines)
+""", indent=4)
+        return new

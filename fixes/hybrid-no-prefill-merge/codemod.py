@@ -21,4 +21,4 @@ class NoPrefillMergeForHybrid(Rewrite):
     def rewrite(self, qualname, node):
         new = replace_once(node, ANCHOR, GUARD + ANCHOR)
         # Re-parsing loses the blank line's indentation style; keep the original one.
-        return new.with_changes(leading_lines=node.leading_lines)
+        return new

@@ -4,17 +4,12 @@ builds on the host, instead of masked_scatter_ on the device bool mask."""
 from fixpack.codemod import Rewrite, replace_once
 
 
-def _edit(node, old, new):
-    # Re-parsing loses the blank line's indentation style; keep the original one.
-    return replace_once(node, old, new).with_changes(leading_lines=node.leading_lines)
-
-
 class RunnerAttachesHostIndex(Rewrite):
     target = "vllm_gaudi/v1/worker/hpu_model_runner.py"
     nodes = ["HPUModelRunner._gather_mm_embeddings"]
 
     def rewrite(self, qualname, node):
-        return _edit(
+        return replace_once(
             node, "    else:\n"
             "        is_mm_embed = self.is_mm_embed.copy_to_gpu(total_num_scheduled_tokens)\n",
             "    else:\n"
@@ -31,7 +26,7 @@ class MergeUsesHostIndex(Rewrite):
     nodes = ["_merge_multimodal_embeddings"]
 
     def rewrite(self, qualname, node):
-        node = _edit(
+        node = replace_once(
             node, "    input_dtype = inputs_embeds.dtype\n",
             "    input_dtype = inputs_embeds.dtype\n"
             "\n"
@@ -45,5 +40,5 @@ class MergeUsesHostIndex(Rewrite):
             "            raise ValueError(f\"Attempted to assign {expr} = {len(mm_embeds_flat)} \"\n"
             "                             f\"multimodal tokens to {len(mm_index)} placeholders\")\n"
             "        is_multimodal = mm_index\n")
-        return _edit(node, "        return inputs_embeds.index_copy_(0, is_multimodal, mm_embeds_flat)\n",
+        return replace_once(node, "        return inputs_embeds.index_copy_(0, is_multimodal, mm_embeds_flat)\n",
                      "        return inputs_embeds.index_copy_(0, is_multimodal, mm_embeds_flat.to(dtype=input_dtype))\n")

@@ -2,23 +2,10 @@
 the request state across steps where it is not scheduled, and never register them again for a
 request that already returned them."""
 
-from fixpack.codemod import Rewrite, replace_once as _replace_once
+from fixpack.codemod import Rewrite, replace_once
 
 INPUT_BATCH = "vllm_gaudi/v1/worker/hpu_input_batch.py"
 RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
-
-
-def _unindent(text, by):
-    # Snippets are written as they sit in the file; a rewritten definition's own code is
-    # dedented by its nesting depth.
-    pad = " " * by
-    return "\n".join(line[by:] if line.startswith(pad) else line for line in text.split("\n"))
-
-
-def replace_once(node, old, new, by=4):
-    # Keep the blank lines above the definition as they were (re-parsing indents them).
-    new_node = _replace_once(node, _unindent(old, by), _unindent(new, by))
-    return new_node.with_changes(leading_lines=node.leading_lines)
 
 
 class KeepPromptLogprobsOnRequest(Rewrite):
@@ -37,7 +24,7 @@ class KeepPromptLogprobsOnRequest(Rewrite):
     # because a request not scheduled for a step is removed from the batch and re-added.
     in_progress_prompt_logprobs_cpu: Optional[LogprobsTensors] = None
 
-""", by=0)
+""")
 
 
 class RegisterLogprobs(Rewrite):
@@ -62,7 +49,7 @@ class RegisterLogprobs(Rewrite):
             if sampling_params.prompt_logprobs is not None and not request.output_token_ids:
                 self.num_prompt_logprobs[req_id] = (self.vocab_size if sampling_params.prompt_logprobs == -1 else
                                                     sampling_params.prompt_logprobs)
-""")
+""", indent=4)
 
 
 class InProgressOnRequestState(Rewrite):
@@ -86,7 +73,7 @@ class InProgressOnRequestState(Rewrite):
                 # If chunked, we'll copy in slice by slice.
                 logprobs_tensors = LogprobsTensors.empty_cpu(num_prompt_tokens - 1, num_prompt_logprobs + 1)
                 request.in_progress_prompt_logprobs_cpu = logprobs_tensors
-""")
+""", indent=4)
         return replace_once(
             node,
             """            del num_prompt_logprobs_dict[req_id]
@@ -95,4 +82,4 @@ class InProgressOnRequestState(Rewrite):
             """            del num_prompt_logprobs_dict[req_id]
             in_progress_dict.pop(req_id, None)
             self.requests[req_id].in_progress_prompt_logprobs_cpu = None
-""")
+""", indent=4)

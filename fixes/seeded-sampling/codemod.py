@@ -1,20 +1,9 @@
 """seeded-sampling: a seeded request's generator drives only its own row of a sampling call,
 not the padded decode rows that repeat that request."""
 
-from fixpack.codemod import Rewrite, replace_once as _replace_once
+from fixpack.codemod import Rewrite, replace_once
 
 TARGET = "vllm_gaudi/v1/worker/hpu_input_batch.py"
-
-
-def _method_text(text):
-    # Snippets are written as they sit in the file (methods indented by 4); a method's own
-    # code starts at column 0.
-    return "\n".join(line[4:] if line.startswith("    ") else line for line in text.split("\n"))
-
-
-def replace_once(node, old, new):
-    new_node = _replace_once(node, _method_text(old), _method_text(new))
-    return new_node.with_changes(leading_lines=node.leading_lines)
 
 
 class GeneratorForFirstRowOnly(Rewrite):
@@ -39,7 +28,7 @@ class GeneratorForFirstRowOnly(Rewrite):
                 seeded_seen.add(req_idx)
                 generators[row] = generator
 
-""")
+""", indent=4)
         return replace_once(
             node,
             """            generators={
@@ -48,4 +37,4 @@ class GeneratorForFirstRowOnly(Rewrite):
             },
 """,
             """            generators=generators,
-""")
+""", indent=4)

@@ -1,20 +1,9 @@
 """so-row-owners: place each structured-output request's grammar bitmask at the logits row
 that request owns in this step, not at its persistent-batch index."""
 
-from fixpack.codemod import Rewrite, replace_once as _replace_once
+from fixpack.codemod import Rewrite, replace_once
 
 TARGET = "vllm_gaudi/v1/worker/hpu_model_runner.py"
-
-
-def _method_text(text):
-    # Snippets are written as they sit in the file (methods indented by 4); a method's own
-    # code starts at column 0.
-    return "\n".join(line[4:] if line.startswith("    ") else line for line in text.split("\n"))
-
-
-def replace_once(node, old, new):
-    new_node = _replace_once(node, _method_text(old), _method_text(new))
-    return new_node.with_changes(leading_lines=node.leading_lines)
 
 
 class MasksByRowOwner(Rewrite):
@@ -33,7 +22,7 @@ class MasksByRowOwner(Rewrite):
             """        logits: torch.Tensor,
         row_req_ids: Optional[list[str]] = None,
     ):
-""")
+""", indent=4)
         node = replace_once(
             node,
             """        struct_out_req_batch_indices: dict[str, int] = {}
@@ -53,7 +42,7 @@ class MasksByRowOwner(Rewrite):
                 if req_id in grammar_output.structured_output_request_ids:
                     struct_out_req_batch_indices.setdefault(req_id, row)
         for req_id, batch_index in seq:
-""")
+""", indent=4)
         return replace_once(
             node,
             """        for req_id in grammar_output.structured_output_request_ids:
@@ -67,7 +56,7 @@ class MasksByRowOwner(Rewrite):
                 # No logits row for this request in this step: nothing to mask.
                 cumulative_index += 1 + num_spec_tokens
                 continue
-""")
+""", indent=4)
 
 
 class PassRowOwners(Rewrite):
@@ -83,4 +72,4 @@ class PassRowOwners(Rewrite):
 """,
             """                self.apply_grammar_bitmask(scheduler_output, grammar_output, logits,
                                            decode_sampled_requests + prefill_sampled_requests)
-""")
+""", indent=4)

@@ -2,20 +2,9 @@
 owner's parameters, report logprobs for the same rows, and give an unfinished prefill chunk
 no logits row under sync scheduling."""
 
-from fixpack.codemod import Rewrite, replace_once as _replace_once
+from fixpack.codemod import Rewrite, replace_once
 
 TARGET = "vllm_gaudi/v1/worker/hpu_model_runner.py"
-
-
-def _method_text(text):
-    # Snippets are written as they sit in the file (methods indented by 4); a method's own
-    # code starts at column 0.
-    return "\n".join(line[4:] if line.startswith("    ") else line for line in text.split("\n"))
-
-
-def replace_once(node, old, new):
-    new_node = _replace_once(node, _method_text(old), _method_text(new))
-    return new_node.with_changes(leading_lines=node.leading_lines)
 
 
 class SampleRowsByOwner(Rewrite):
@@ -36,13 +25,13 @@ class SampleRowsByOwner(Rewrite):
             sampler_output, _sampling_metadata = self._run_sampling(batch_changed, logits,
                                                                     decode_sampled_requests + prefill_sampled_requests,
                                                                     logits.shape[0])
-""")
+""", indent=4)
         return replace_once(
             node,
             """            struct_logprobs_req_ids = (list(pd_info.decode_req_ids) + list(pd_info.prompt_req_ids))
 """,
             """            struct_logprobs_req_ids = decode_sampled_requests + prefill_sampled_requests
-""")
+""", indent=4)
 
 
 class NoRowForUnfinishedChunk(Rewrite):
@@ -63,4 +52,4 @@ class NoRowForUnfinishedChunk(Rewrite):
             # would be returned as generated, and use_structured_output is still the
             # previous step's here. Grammar masks are placed by logits-row owner.
             if self.use_async_scheduling:
-""")
+""", indent=4)

@@ -1,143 +1,14 @@
 """In a step with structured output, each logits row is sampled with its own request's
 sampling parameters, and a prefill chunk that is not finished returns no token (sync
 scheduling), driven through the real HPUModelRunner.sample_tokens."""
-import functools
-from types import SimpleNamespace
-from unittest.mock import MagicMock
-
 import pytest
 
-VOCAB = 32
+from fixpack.testing.sampling_runner import add, make_runner, run_step, sampling_env
 
 
 @pytest.fixture()
 def env(tree, monkeypatch):
-    import numpy as np
-    import torch
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.sched.output import GrammarOutput
-    from vllm.v1.sample.sampler import Sampler
-    import vllm.utils.torch_utils as torch_utils
-    import vllm_gaudi.utils as gaudi_utils
-    import vllm_gaudi.v1.worker.hpu_input_batch as hib
-    import vllm_gaudi.v1.worker.hpu_model_runner as hmr
-
-    # Hardware only: the real row update with "device" tensors on the CPU, no pinned memory.
-    monkeypatch.setattr(hib, "async_h2d_update", functools.partial(gaudi_utils.async_h2d_update, device="cpu"))
-    monkeypatch.setattr(torch_utils, "PIN_MEMORY", False)
-
-    class NoPinTorch:
-        """torch as the runner module sees it, minus pinned host memory (needs a card)."""
-
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def tensor(*args, pin_memory=False, **kwargs):
-            return torch.tensor(*args, **kwargs)
-
-    monkeypatch.setattr(hmr, "torch", NoPinTorch())
-    return SimpleNamespace(np=np, torch=torch, SamplingParams=SamplingParams, GrammarOutput=GrammarOutput,
-                           Sampler=Sampler, hib=hib, hmr=hmr)
-
-
-REAL = ("sample_tokens", "_run_sampling", "_prepare_sampling", "_generate_req_id_output_token_ids_lst",
-        "apply_grammar_bitmask", "_ensure_decodes_first", "_is_prompt", "is_decoder_only",
-        "_get_prompts_and_decodes", "_extract_prefill_batch_contents", "_build_logprobs_output")
-
-
-def make_runner(e, favourite):
-    """HPUModelRunner's real sampling path (sample_tokens and everything it calls to pick
-    rows, build metadata, mask and sample) on a real InputBatch and vLLM Sampler; the model
-    forward is replaced by logits where each request's row favours its own token."""
-    R = e.hmr.HPUModelRunner
-    runner = MagicMock()
-    for name in REAL:
-        setattr(runner, name, getattr(R, name).__get__(runner))
-    runner.input_batch = e.hib.InputBatch(max_num_reqs=8, max_model_len=128, max_num_batched_tokens=128,
-                                          device=e.torch.device("cpu"), pin_memory=False, vocab_size=VOCAB,
-                                          block_sizes=[16], kernel_block_sizes=[16])
-    runner.requests = {}
-    runner.sampler = e.Sampler()
-    runner.device = "cpu"
-    runner.attn_block_size = 16
-    runner.max_model_len = 128
-    runner.use_async_scheduling = False
-    runner.use_structured_output = False  # HPUModelRunner.__init__
-    runner.speculative_config = None
-    runner.vllm_config.speculative_config = None
-    runner.is_driver_worker = False
-    runner.profiler.enabled = False
-    runner.use_aux_hidden_state_outputs = False
-    runner._configure_lora.return_value = (None, None)
-    runner._get_model_mm_inputs.return_value = (None, {})
-    runner._get_attention_group_id_for_hybrid.return_value = 0
-    runner._can_merge_prefill_contents.return_value = False
-    runner.get_dp_padding.return_value = 0
-    runner._get_prompt_logprobs_dict.return_value = {}
-
-    def prepare_inputs(so, num_prefills, num_decodes, warmup=False):
-        # The real choice of logits rows (_extract_prefill_batch_contents); ids, positions and
-        # attention metadata are not needed by a fake forward.
-        ib = runner.input_batch
-        sched = [so.num_scheduled_tokens[r] for r in ib.req_ids[:num_prefills + num_decodes]]
-        contents, _ = runner._extract_prefill_batch_contents(num_prefills, num_decodes, sched, warmup=True)
-        pre = e.hmr.PrefillInputData()
-        for c in contents:
-            if not c.req_ids:
-                continue
-            owners = [r for r, pos in zip(c.req_ids, c.logits_positions) for _ in pos]
-            for lst, v in ((pre.request_ids, c.req_ids), (pre.prompt_lens, c.prompt_lens), (pre.token_ids, e.torch.zeros(1, 1)),
-                           (pre.position_ids, None), (pre.attn_metadata, None), (pre.logits_indices, owners),
-                           (pre.logits_requests, owners)):
-                lst.append(v)
-        dec = None
-        if num_decodes:
-            owners = list(ib.req_ids[:num_decodes])
-            owners += [owners[0]] * (4 - len(owners))  # a padded decode bucket
-            dec = e.hmr.DecodeInputData(num_decodes=num_decodes, token_ids=e.torch.zeros(4, 1), logits_indices=owners)
-        return (pre, None), (dec, None)
-
-    def forward(token_ids, position_ids, attn_metadata, owners, *args, **kwargs):
-        logits = e.torch.zeros(len(owners), VOCAB)
-        for row, rid in enumerate(owners):
-            logits[row, favourite[rid]] = 10.0
-        return e.torch.zeros(len(owners), 1), None, None, logits
-
-    runner._prepare_inputs.side_effect = prepare_inputs
-    runner._execute_model_generic.side_effect = forward
-    return runner
-
-
-def add(e, runner, rid, prompt_len, **sp):
-    state = e.hib.CachedRequestState(req_id=rid, prompt_token_ids=list(range(1, prompt_len + 1)), mm_features=[],
-                                     sampling_params=e.SamplingParams(**sp), generator=None, block_ids=[[0] * 8],
-                                     num_computed_tokens=0, output_token_ids=[])
-    runner.requests[rid] = state
-    runner.input_batch.add_request(state)
-
-
-def run_step(e, runner, scheduled, computed, grammar=None, batch_changed=False):
-    """One engine step: computed tokens as _update_states sets them, then sample_tokens.
-    grammar: {req_id: allowed token} for the structured-output requests the scheduler masks."""
-    ib = runner.input_batch
-    for rid, n in computed.items():
-        ib.num_computed_tokens_cpu[ib.req_id_to_index[rid]] = n
-    runner.scheduler_output = SimpleNamespace(num_scheduled_tokens=dict(scheduled), scheduled_spec_decode_tokens={},
-                                              total_num_scheduled_tokens=sum(scheduled.values()),
-                                              kv_connector_metadata=None)
-    runner.warmup_mode = True  # skips only the KV-connector calls around the forward
-    runner.batch_changed = batch_changed
-    grammar_output = None
-    if grammar:
-        ids = list(grammar)
-        bitmask = e.np.zeros((len(ids), (VOCAB + 31) // 32), dtype=e.np.int32)
-        for i, rid in enumerate(ids):
-            tok = grammar[rid]
-            bitmask[i, tok // 32] = e.np.int32(e.np.uint32(1 << (tok % 32)).view(e.np.int32))
-        grammar_output = e.GrammarOutput(ids, bitmask)
-    out = runner.sample_tokens(grammar_output)
-    return {rid: out.sampled_token_ids[out.req_id_to_index[rid]] for rid in out.req_ids}
+    return sampling_env(monkeypatch)
 
 
 def test_rows_are_sampled_with_their_own_parameters(env):

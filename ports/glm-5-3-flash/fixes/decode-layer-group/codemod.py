@@ -13,5 +13,4 @@ class LayerDecidesItsMarkStep(Rewrite):
         return replace_once(
             node,
             "        htorch.core.mark_step()\n",
-            "        if getattr(module, 'hpu_mark_step', True): htorch.core.mark_step()  # fixpack decode-layer-group: the layer may group layers into one graph\n",
-        ).with_changes(leading_lines=node.leading_lines)
+            "        if getattr(module, 'hpu_mark_step', True): htorch.core.mark_step()  # fixpack decode-layer-group: the layer may group layers into one graph\n")

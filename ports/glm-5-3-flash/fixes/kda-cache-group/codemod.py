@@ -29,4 +29,4 @@ class CacheGroupForOtherHybrids(Rewrite):
     nodes = ["maybe_set_mamba_kv_cache_groups_ids"]
 
     def rewrite(self, qualname, node):
-        return replace_once(node, OLD, NEW).with_changes(leading_lines=node.leading_lines)
+        return replace_once(node, OLD, NEW)
