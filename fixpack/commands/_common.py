@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fixpack.errors import ConfigError
+from fixpack.errors import CheckFailed, ConfigError
 
 # Heavier modules are imported inside the functions: `fixpack verify` and the dispatcher
 # itself must stay cheap at container start.
@@ -55,3 +55,17 @@ def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = Tru
 
 def emit_json(data) -> None:
     print(json.dumps(data, indent=1, sort_keys=True))
+
+
+def write_or_check(path, text: str, *, check: bool, name: str, summary: str, regenerate: str) -> int:
+    """Write a generated file, or with ``check`` compare it with the committed one (exit non-zero
+    on a difference); ``regenerate`` is the command that makes it."""
+    if check:
+        old = path.read_text() if path.exists() else ""
+        if old != text:
+            raise CheckFailed(f"{path} is not what the release sources give; run `{regenerate}` and review the difference")
+        print(f"{name} {path.name}: matches the release sources ({summary})")
+        return 0
+    path.write_text(text)
+    print(f"wrote {path} ({summary})")
+    return 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from fixpack.commands._common import pack_of, profile_name
-from fixpack.errors import CheckFailed, ConfigError
+from fixpack.commands._common import pack_of, profile_name, write_or_check
+from fixpack.errors import ConfigError
 
 
 def add_parser(sub):
@@ -30,12 +30,4 @@ def run(args) -> int:
     data = release.build_lock(pack, profile, manifest, quiet=True)
     text = release.dump(data)
     summary = f"{len(data['selections'])} selections, {len(data['fixes'])} fixes, {len(data['pristine'])} files"
-    if args.check:
-        old = profile.lock_path.read_text() if profile.lock_path.exists() else ""
-        if old != text:
-            raise CheckFailed(f"{profile.lock_path} is not what the release sources give; run `fixpack lock --profile {profile.name}` and review the difference")
-        print(f"lock {profile.lock_path.name}: matches ({summary})")
-        return 0
-    profile.lock_path.write_text(text)
-    print(f"wrote {profile.lock_path} ({summary})")
-    return 0
+    return write_or_check(profile.lock_path, text, check=args.check, name="lock", summary=summary, regenerate=f"fixpack lock --profile {profile.name}")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from fixpack.commands._common import pack_of, profile_name
-from fixpack.errors import CheckFailed
+from fixpack.commands._common import pack_of, profile_name, write_or_check
 
 
 def add_parser(sub):
@@ -27,12 +26,4 @@ def run(args) -> int:
         hashes = release.tree_hashes(tree, profile.packages)
     text = release.dump({"profile": profile.name, "sources": profile.base["sources"], "files": hashes})
     counts = ", ".join(f"{p} {len(v)} files" for p, v in hashes.items())
-    if args.check:
-        old = profile.manifest_path.read_text() if profile.manifest_path.exists() else ""
-        if old != text:
-            raise CheckFailed(f"{profile.manifest_path} differs from the release sources; run `fixpack manifest --profile {profile.name}`")
-        print(f"manifest {profile.manifest_path.name}: matches the release sources ({counts})")
-        return 0
-    profile.manifest_path.write_text(text)
-    print(f"wrote {profile.manifest_path} ({counts})")
-    return 0
+    return write_or_check(profile.manifest_path, text, check=args.check, name="manifest", summary=counts, regenerate=f"fixpack manifest --profile {profile.name}")
