@@ -169,22 +169,23 @@ def lock_is_current(pack_root: Path, profile_name: str = "v0.26.0") -> str | Non
 
 def real_subject(work: Path, relock: bool = False) -> Subject:
     """The v0.26.0 profile on its pristine release tree (raises SourceUnavailable when the
-    release sources are not in the fixpack cache). While colleagues add fixes the committed
-    lock may lag the profile: with ``relock`` the lock is regenerated from the release sources
-    into a scratch copy of the pack (the repository's lock is never touched); without it,
-    SweepUnavailable says why."""
+    release sources are not in the fixpack cache), from a scratch copy of the pack. While
+    colleagues add fixes the committed lock may lag the profile: with ``relock`` the lock is
+    regenerated from the release sources in that copy (the repository's lock is never
+    touched); without it, SweepUnavailable says why."""
     from fixpack.pack import Pack
     from fixpack.release import pristine_tree
 
-    pack_root = REPO
     stale = lock_is_current(REPO)
     if stale and not relock:
         raise SweepUnavailable(f"the committed v0.26.0 lock does not match the profile (being regenerated?): {stale[:300]}")
+    # A snapshot of the pack: a sweep takes many minutes, and a fix edited (and re-locked) in
+    # the repository meanwhile must not turn into failures of the points that follow.
+    pack_root = work / "pack-v0.26.0"
+    for sub in ("fixes", "profiles", "ports"):
+        if (REPO / sub).is_dir():
+            shutil.copytree(REPO / sub, pack_root / sub, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
     if stale:
-        pack_root = work / "pack-v0.26.0"
-        for sub in ("fixes", "profiles", "ports"):
-            if (REPO / sub).is_dir():
-                shutil.copytree(REPO / sub, pack_root / sub, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         r = B.fixpack("lock", "--profile", "v0.26.0", pack=pack_root, timeout=3600)
         if r.returncode != 0:
             raise SweepUnavailable(f"the v0.26.0 lock could not be regenerated: {(r.stdout + r.stderr).strip()[-400:]}")
