@@ -54,6 +54,9 @@ class Engine:
     # Record mode only: where each codemod's definitions sit, by input file hash, for the lock
     # (a pinned run then skips parsing a whole module to find them).
     anchors: dict | None = None
+    # Refuse a pack whose fixes no longer match the lock (apply); revert restores recorded
+    # bytes from the backups and works on an image even while the pack is being re-locked.
+    check_pack: bool = True
 
     def __post_init__(self):
         self.fixes: list[Fix] = self.pack.selection(self.profile, self.opt_ins, self.port)
@@ -70,6 +73,8 @@ class Engine:
         if self.lock is not None:
             self.pinned = self.lock.selection(self.key)
             locked = [s["fix"] for s in self.pinned["steps"]]
+            if not self.check_pack:
+                return  # revert: the state record and the backups are all it needs
             if locked != [f.id for f in self.fixes]:
                 raise ConfigError(f"{self.lock.path}: selection {self.key} pins {locked}, the pack now gives {[f.id for f in self.fixes]}; run `fixpack lock`")
             for f in self.fixes:

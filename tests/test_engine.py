@@ -197,6 +197,20 @@ def test_changed_fix_without_a_new_lock_is_refused(pack):
     assert hashes(tree) == hashes(root / "pristine")
 
 
+def test_revert_works_while_the_pack_is_being_changed(pack):
+    """An image applied with one version of a fix can be reverted after the fix changed and
+    before the lock is regenerated: revert needs only the state record and the backups."""
+    root, tree = pack
+    pristine = hashes(tree)
+    assert fixpack("apply", "--profile", "test", "--root", str(tree), pack=root).returncode == 0
+    d = root / "fixes" / "fix-one" / "patch.diff"
+    d.write_text(DIFF_ONE.replace("# fixed", "# FIXED"))
+    assert fixpack("apply", "--profile", "test", "--root", str(tree), pack=root).returncode == 2
+    r = fixpack("revert", "--all", "--profile", "test", "--root", str(tree), pack=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert hashes(tree) == pristine
+
+
 def test_stale_bytecode_of_a_rewritten_module_is_removed(pack):
     root, tree = pack
     cache = tree / "pkg_a" / "__pycache__"

@@ -35,7 +35,7 @@ def profile_name(args, pack) -> str:
     raise ConfigError(f"--profile is required (profiles: {', '.join(names) or 'none'})")
 
 
-def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False):
+def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False, check_pack: bool = True):
     from fixpack.engine import Engine, Reporter
     from fixpack.lockfile import Lock
     from fixpack.store import Store
@@ -50,7 +50,7 @@ def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = Tru
     require(found, profile.packages, root)
     store = Store(args.state_dir.resolve() if args.state_dir else default_state_dir(found, root))
     lock = Lock.load(profile.lock_path) if pinned else None
-    return Engine(pack, profile, port_obj, list(opt_ins), found, store, lock, report=Reporter(quiet=quiet or args.json))
+    return Engine(pack, profile, port_obj, list(opt_ins), found, store, lock, report=Reporter(quiet=quiet or args.json), check_pack=check_pack)
 
 
 def emit_json(data) -> None:

@@ -24,5 +24,5 @@ def run(args) -> int:
     state = probe.store.read_state() or {}
     opt_in = state.get("opt_in") or []
     port = state.get("port")
-    engine = make_engine(args, opt_ins=opt_in, port=port, pinned=probe.profile.lock_path.exists())
+    engine = make_engine(args, opt_ins=opt_in, port=port, pinned=probe.profile.lock_path.exists(), check_pack=False)
     return eng.revert(engine, None if args.all else args.fix)
