@@ -118,6 +118,7 @@ def main():
         return
     impls = ["reference", "port-scan", "port-seq"]
     res = {}
+    load_start = os.getloadavg()
     for T in a.lengths:
         for impl in impls:
             out = subprocess.run(
@@ -127,7 +128,11 @@ def main():
             res[(impl, T)] = json.loads(out.stdout.strip().splitlines()[-1])
             res[(impl, T)]["ops"] = count_ops(impl, T)
     decode_ops = count_ops("decode", 1)
+    load_end = os.getloadavg()
     print(f"KDA prefill, fp32 CPU ({os.cpu_count()} cores, 2 threads), batch 1, {H} heads x {K}")
+    # Other work on the machine inflates both sides' times (not always equally): say how much there was.
+    print("load average (1/5/15 min): start " + " ".join(f"{x:.2f}" for x in load_start)
+          + ", end " + " ".join(f"{x:.2f}" for x in load_end))
     hdr = "| tokens | impl | time min / median (s) | peak RSS added (MB) | aten ops/call | time ratio (ref/port) | memory ratio (ref/port) |"
     print(hdr)
     print("|" + "---|" * 7)

@@ -14,29 +14,36 @@ Three numerical choices, each forced by real inputs:
 * No all-pairs decay tensor. The reference materialises exp(G_i - G_j) for every
   (i, j, k) of every chunk at once (8.6 GB at 4K tokens x 64 heads). The cheap
   factorisation exp(G_i) * exp(-G_j) overflows fp32 instead: with the gate saturated at
-  -5, G reaches about -300 inside a chunk and exp(300) is inf. Here each 16-row block p
-  is anchored at the block boundary a = G_{16p-1}: for i in block p and j before it,
-  exp(G_i - a) and exp(a - G_j) both lie in (0, 1], so the off-diagonal blocks are an
-  exact matmul of bounded factors. Only the 16 x 16 diagonal blocks need exp(G_i - G_j)
-  elementwise; they are built one column at a time, so the largest temporary is the
-  size of k.
+  -5, G reaches about -300 inside a chunk and exp(300) is inf. Here the chunk is halved
+  repeatedly (64 -> 32 -> ... -> 1); at each level the block of rows in a second half
+  against the columns in its first half is anchored at the boundary a = G of the first
+  half's last row: exp(G_i - a) and exp(a - G_j) both lie in (0, 1], so the block is an
+  exact matmul of bounded factors. Only the diagonal (exp(0) = 1) is left over.
 * (I + L)^-1 by blocked forward substitution: the four 16 x 16 diagonal blocks by a
   triangular solve (forward substitution), then block rows in four dependent stages.
   Nilpotent doubling (I - L)(I + L^2)(I + L^4)... is exact in algebra but cancels
   catastrophically in fp32 when keys are correlated and beta is near 1 (seed 001:
   rows 32-63 of every chunk wrong on real inputs).
-* The carry between chunks is the affine map S -> M S + B, scanned in log2(N) levels
-  (``scan.py``); the sequential loop is kept as the reference path.
+* The carry between chunks (``scan.py``): the affine map S -> M S + B scanned in
+  log2(N) levels (the default, flat op count for Gaudi's lazy mode), or the sequential
+  loop over chunks (fewer flops: the faster path on CPU).
+
+Layout: chunk-major, [N, R, C, X] flattened to [N*R, C, X] (R = batch * heads), so one
+chunk of every head is a contiguous [R, C, X] slab for the carry.
 """
 
 import torch
 import torch.nn.functional as F
 
+from .gate import l2norm_factor
 from .recurrent import _mask_inputs
-from .gate import l2norm
-from .scan import affine_scan, scan_enabled, sequential_affine_scan
+from .scan import scan_enabled, scan_states, sequential_chunk_scan
 
 BLOCK = 16
+# exp is an order of magnitude slower on CPU for arguments below about -87 (the underflow
+# path), and factors under exp(-80) ~ 2e-35 are far below fp32 resolution of the O(1)
+# terms they are summed with; exponents that can go that low are clamped first.
+EXP_FLOOR = -80.0
 
 
 def chunk_kda(
@@ -59,121 +66,162 @@ def chunk_kda(
     ``use_scan`` None reads GLM5_NEXT_KDA_SCAN (default on). Computes in fp32; returns
     (o [B, T, H, V] in q's dtype, final fp32 state [B, H, K, V] or None).
     """
-    if chunk_size % BLOCK:
-        raise ValueError(f"chunk_size must be a multiple of {BLOCK}, got {chunk_size}")
+    if chunk_size % BLOCK or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two and a multiple of {BLOCK}, got {chunk_size}")
     dtype = q.dtype
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
     if mask is not None:
         q, k, v, g, beta = _mask_inputs(mask, q, k, v, g, beta)
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)
     Bsz, T, H, K = k.shape
     V = v.shape[-1]
     C = chunk_size
     N = (T + C - 1) // C
     R = Bsz * H
-    q = q * K**-0.5
+    NR = N * R
+    beta = beta.unsqueeze(-1)
+    if N * C != T:  # padded tail tokens are zeros (g = beta = 0: identity steps)
+        q, k, v, g, beta = (F.pad(x, (0, 0, 0, 0, 0, N * C - T)) for x in (q, k, v, g, beta))
 
-    # Head-major chunks: [R*N, C, X]. Padded tail tokens are zeros (g = beta = 0: identity steps).
-    def chunks(x):
-        x = x.transpose(1, 2)
-        x = F.pad(x, (0, 0, 0, N * C - T))
-        return x.reshape(R * N, C, x.shape[-1])
+    def chunked(x):  # [B, T, H, X] -> [N, R, C, X], a view (a copy only when B > 1)
+        return x.transpose(0, 1).reshape(N, C, R, x.shape[-1]).transpose(1, 2)
 
-    qkg = chunks(torch.cat([q, k, g], dim=-1))
-    q, k, g = qkg[..., :K], qkg[..., K : 2 * K], qkg[..., 2 * K :]
-    v = chunks(v)
-    beta = chunks(beta.unsqueeze(-1))
-    del qkg
+    beta_c = chunked(beta)
+    q_scale = K**-0.5
+    k_scale = 1.0
+    if use_qk_l2norm_in_kernel:
+        q_scale = chunked(l2norm_factor(q)).mul_(q_scale)
+        k_scale = chunked(l2norm_factor(k))
+    # Each input is read once: normalised, scaled and written chunk-major in one pass.
+    # X holds beta k and q interleaved per row ([NR, C, 2, K]) so one matmul serves both.
+    X = q.new_empty(NR, C, 2, K)
+    # k, G and the weights W share one allocation, returned to the OS as a whole once W dies,
+    # before the scan's peak (glibc keeps freed blocks under its 32 MB mmap ceiling resident
+    # and often does not reuse them). Once k and G are dead their space is scratch.
+    head = max(2 * C * K, 2 * BLOCK * (V + K))
+    buf = q.new_empty(NR * (head + 2 * C * C))
+    kc, G = buf[: 2 * NR * C * K].view(2, NR, C, K)
+    W = buf[NR * head :].view(NR, C, 2, C)
+    torch.mul(chunked(q), q_scale, out=X[:, :, 1].view(N, R, C, K))
+    torch.mul(chunked(k), k_scale, out=kc.view(N, R, C, K))
+    torch.mul(kc.view(N, R, C, K), beta_c, out=X[:, :, 0].view(N, R, C, K))
+    torch.cumsum(chunked(g), dim=2, out=G.view(N, R, C, K))
 
-    G = g.cumsum(dim=1)
-    kb = k * beta
-    gamma = G.exp()  # decay from chunk start, in (0, 1]
-    G_last = G[:, -1:, :]
+    # The weights' temporaries, then the right-hand side of the solve: one allocation.
+    work = q.new_empty(NR * C * max(2 * K, V + K))
+    _lower_weights(X, kc, G, W, work)  # [NR, C, 2, C]: L (x = 0, strict lower read) and Aqk (x = 1)
 
-    # Intra-chunk weights, lower triangle incl. diagonal: [RN, C, C] each.
-    L, A_qk = _lower_weights([kb, q], k, G)
-    L = L.tril(-1)
+    # u | w = (I + L)^-1 [beta v | beta k exp(G)], solved in place. exp(G) (decay from the
+    # chunk start) goes straight into the w columns, where q and beta k pick it up.
+    rhs = work[: NR * C * (V + K)].view(NR, C, V + K)
+    gamma = rhs[..., V:]
+    torch.clamp(G, min=EXP_FLOOR, out=gamma).exp_()
+    q_gamma = X[:, :, 1].mul_(gamma)
+    gamma.mul_(X[:, :, 0])
+    torch.mul(chunked(v), beta_c, out=rhs[..., :V].view(N, R, C, V))
+    # k~ = k exp(G_C - G) (decay to the chunk end) overwrites beta k, dead from here on.
+    G_last = G[:, -1:].clone()
+    decay = G_last.exp().transpose(1, 2)  # [NR, K, 1]
+    k_tilde = torch.mul(torch.sub(G_last, G, out=G).clamp_min_(EXP_FLOOR).exp_(), kc, out=X[:, :, 0])
+    del gamma
+    _forward_substitution(W, rhs, buf[: 2 * NR * BLOCK * (V + K)].view(2, NR, BLOCK, V + K))
+    u, w = rhs[..., :V], rhs[..., V:]
+    A_qk = W[:, :, 1]
 
-    # u | w = (I + L)^-1 [beta v | beta k exp(G)] by blocked forward substitution.
-    rhs = torch.cat([v * beta, kb * gamma], dim=-1)
-    nb = C // BLOCK
-    eye = torch.eye(BLOCK, dtype=torch.float32, device=q.device)
-    # Inverses of the unit-lower 16 x 16 diagonal blocks: one batched forward substitution.
-    L_blocks = L.view(R * N, nb, BLOCK, nb * BLOCK)
-    L_diag = torch.stack([L_blocks[:, p, :, p * BLOCK : (p + 1) * BLOCK] for p in range(nb)], dim=1)
-    T_diag = torch.linalg.solve_triangular(L_diag + eye, eye.expand_as(L_diag), upper=False, unitriangular=True)
-    Y = T_diag[:, 0] @ rhs[:, :BLOCK]
-    for p in range(1, nb):
-        lo, hi = p * BLOCK, (p + 1) * BLOCK
-        r = rhs[:, lo:hi] - L[:, lo:hi, :lo] @ Y
-        Y = torch.cat([Y, T_diag[:, p] @ r], dim=1)
-    del rhs, T_diag, L, L_blocks, L_diag
-    u, w = Y[..., :V], Y[..., V:]
+    # o = Aqk u + (q exp(G) - Aqk w) S_in: the parts without S_in for every chunk at once
+    # (chunk-major, so every matmul output is contiguous); q_eff overwrites q exp(G).
+    q_eff = q_gamma.copy_(torch.baddbmm(q_gamma, A_qk, w, alpha=-1.0, out=kc))
+    o_c = torch.bmm(A_qk, u)
+    del W, A_qk, buf, kc, G, q_gamma
 
-    # Chunk transition S_out = M S_in + B (every exponent <= 0).
-    k_tilde_t = (k * (G_last - G).exp()).transpose(1, 2)  # [RN, K, C]
-    M = torch.baddbmm(torch.diag_embed(G_last.squeeze(1).exp()), k_tilde_t, w, alpha=-1.0)
-    Bmat = torch.bmm(k_tilde_t, u)
-    del k_tilde_t
-
-    S0 = (
-        q.new_zeros(R, K, V)
-        if initial_state is None
-        else initial_state.float().reshape(R, K, V)
-    )
-    M = M.view(R, N, K, K).transpose(0, 1).contiguous()
-    Bmat = Bmat.view(R, N, K, V).transpose(0, 1).contiguous()
-    scan = affine_scan if (scan_enabled() if use_scan is None else use_scan) else sequential_affine_scan
-    S_in, S_final = scan(M, Bmat, S0)
-    del M, Bmat
-    S_in = S_in.transpose(0, 1).reshape(R * N, K, V)
-
-    # o = Aqk u + (q exp(G) - Aqk w) S_in
-    q_eff = torch.baddbmm(q * gamma, A_qk, w, alpha=-1.0)
-    o = torch.baddbmm(torch.bmm(A_qk, u), q_eff, S_in)
-    o = o.view(Bsz, H, N * C, V)[:, :, :T].transpose(1, 2).to(dtype)
+    S0 = q.new_zeros(R, K, V) if initial_state is None else initial_state.float().reshape(R, K, V)
+    use_scan = scan_enabled() if use_scan is None else use_scan
+    if use_scan:
+        kt_t = k_tilde.transpose(1, 2)
+        Mm = torch.bmm(kt_t, w).neg_()
+        Mm.diagonal(dim1=1, dim2=2).add_(decay.view(NR, K))
+        # states[0] = S0, then B = k~^T u; the scan turns it into the entering states in place.
+        states = q.new_empty(N + 1, R, K, V)
+        states[0] = S0
+        torch.bmm(kt_t, u, out=states[1:].view(NR, K, V))
+        del work, rhs, u, w, k_tilde, kt_t
+        scan_states(Mm.view(N, R, K, K), states)
+        del Mm
+        o_c.baddbmm_(q_eff, states[:N].view(NR, K, V))
+        S_final = states[N]
+    else:
+        S_final = sequential_chunk_scan(
+            q_eff.view(N, R, C, K),
+            k_tilde.view(N, R, C, K),
+            u.view(N, R, C, V),
+            w.view(N, R, C, K),
+            decay.view(N, R, K, 1),
+            S0,
+            o_c.view(N, R, C, V),
+        )
+        del work, rhs, u, w, k_tilde
+    del X, q_eff
+    # Token-major, so the result is a view of it (o_c is chunk-major: contiguous matmul outputs).
+    out = q.new_empty(N * C, R, V)
+    out.view(N, C, R, V).transpose(1, 2).copy_(o_c.view(N, R, C, V))
+    o = out.view(N * C, Bsz, H, V)[:T].transpose(0, 1).to(dtype)
     return o, (S_final.view(Bsz, H, K, V) if output_final_state else None)
 
 
-LEAF = 4
+def _lower_weights(X: torch.Tensor, k: torch.Tensor, G: torch.Tensor, W: torch.Tensor, scratch: torch.Tensor) -> None:
+    """Writes W[m, i, x, j] = sum_c X[m, i, x, c] k[m, j, c] exp(G[m, i, c] - G[m, j, c]) for j <= i, else 0.
 
-
-def _lower_weights(xs: list[torch.Tensor], k: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
-    """P_x[i, j] = sum_c x_ic k_jc exp(G_ic - G_jc) for j <= i, else 0, for each x in xs.
-
-    xs, k, G: [M, n, K] -> list of [M, n, n]. Rows are split into 4 blocks of n/4. Block
-    p is anchored at the boundary a = G_{p n/4 - 1}: for its rows i and all earlier
-    columns j, exp(G_i - a) and exp(a - G_j) both lie in (0, 1], so the off-diagonal
-    part is an exact matmul of bounded factors (the naive exp(G_i) exp(-G_j) overflows:
-    G reaches about -300 in a 64-token chunk). Diagonal blocks recurse (64 -> 16 -> 4);
-    at 4 x 4 the decay is taken elementwise one column at a time, so no temporary is
-    larger than k.
+    X: [M, C, 2, K]; k, G: [M, C, K]. At block size 2s the rows of each second half
+    against the columns of its first half are anchored at the first half's last row a:
+    both exp(G_i - G_a) and exp(G_a - G_j) lie in (0, 1] (G is non-increasing), so the
+    block is one exact batched matmul; halving down to s = 1 covers the strict lower
+    triangle, and the diagonal needs no decay. W is written in (row, x) order, so a block's
+    rows for both x are one contiguous matmul output.
     """
-    M, n, K = k.shape
-    if n <= LEAF:
-        cols = [[] for _ in xs]
-        for j in range(n):
-            # Rows i < j would get a positive exponent: clamp to 0 (no overflow), masked below.
-            kj = k[:, j : j + 1] * (G - G[:, j : j + 1]).clamp_max(0.0).exp()
-            for c, x in zip(cols, xs):
-                c.append((x * kj).sum(-1))
-        keep = torch.ones(n, n, dtype=torch.bool, device=k.device).tril()
-        return [torch.stack(c, dim=-1).masked_fill(~keep, 0.0) for c in cols]
-    s = n // 4
-    diag = _lower_weights([x.reshape(-1, s, K) for x in xs], k.reshape(-1, s, K), G.reshape(-1, s, K))
-    diag = [d.view(M, 4, s, s) for d in diag]
-    rows = [[] for _ in xs]
-    for p in range(4):
-        lo, hi = p * s, (p + 1) * s
+    M, C, _, K = X.shape
+    W.zero_()
+    # Every level's temporaries have the same total size: one scratch (>= 2 M C K elements)
+    # for all of them (repeated fresh allocations of this size are not reused by glibc).
+    scratch_d, scratch_l = scratch[: 2 * M * C * K].view(2, M * C * K)
+    s = C // 2
+    while s:
+        nb = C // (2 * s)
+        Gb = G.view(M * nb, 2 * s, K)
+        # D = exp(G - a) in the second half, exp(a - G) in the first: every exponent <= 0.
+        D = torch.sub(Gb, Gb[:, s - 1 : s], out=scratch_d.view(M * nb, 2 * s, K))
+        right = D[:, :s].neg_()
+        if s > BLOCK:  # a span of more than 16 tokens can reach EXP_FLOOR
+            D.clamp_min_(EXP_FLOOR)
+        D.exp_()
+        right.mul_(k.view(M * nb, 2 * s, K)[:, :s])
+        left = torch.mul(X.view(M * nb, 2 * s, 2, K)[:, s:], D[:, s:].unsqueeze(2), out=scratch_l.view(M * nb, s, 2, K))
+        block = torch.bmm(left.view(M * nb, 2 * s, K), right.transpose(1, 2))
+        # Rows s.. and columns ..s of every diagonal block of size 2s, both x at once.
+        dst = W.as_strided((M, nb, 2 * s, s), (2 * C * C, 2 * s * (2 * C + 1), C, 1), W.storage_offset() + 2 * s * C)
+        dst.copy_(block.view(M, nb, 2 * s, s))
+        s //= 2
+    diag = torch.bmm(X.view(M * C, 2, K), k.view(M * C, K, 1))
+    W.as_strided((M, C, 2), (2 * C * C, 2 * C + 1, C), W.storage_offset()).copy_(diag.view(M, C, 2))
+
+
+def _forward_substitution(W: torch.Tensor, rhs: torch.Tensor, scratch: torch.Tensor) -> None:
+    """rhs <- (I + L)^-1 rhs in place, L = strict lower part of W[:, :, 0] ([M, C, 2, C]).
+
+    The 16 x 16 diagonal blocks are inverted by one batched triangular solve (unit
+    diagonal: W's own diagonal is never read), then block row p subtracts the solved rows
+    above it. Only rows of earlier blocks are read, so the result overwrites rhs. scratch:
+    [2, M, 16, rhs columns] (matmul outputs stay contiguous: a strided out falls back to
+    one small matmul per batch entry).
+    """
+    M, C, _, _ = W.shape
+    nb = C // BLOCK
+    L = W[:, :, 0]
+    diag = W.as_strided((M, nb, BLOCK, BLOCK), (2 * C * C, BLOCK * (2 * C + 1), 2 * C, 1), W.storage_offset())
+    eye = torch.eye(BLOCK, dtype=W.dtype, device=W.device).expand(M, nb, BLOCK, BLOCK)
+    T_diag = torch.linalg.solve_triangular(diag, eye, upper=False, unitriangular=True)
+    r, y = scratch
+    for p in range(nb):
+        lo, hi = p * BLOCK, (p + 1) * BLOCK
+        dst = rhs[:, lo:hi]
         if p:
-            anchor = G[:, lo - 1 : lo]
-            left_decay = (G[:, lo:hi] - anchor).exp()
-            right = (k[:, :lo] * (anchor - G[:, :lo]).exp()).transpose(1, 2)
-        for r, x, d in zip(rows, xs, diag):
-            parts = [torch.bmm(x[:, lo:hi] * left_decay, right)] if p else []
-            parts.append(d[:, p])
-            if p < 3:
-                parts.append(k.new_zeros(M, s, n - hi))
-            r.append(torch.cat(parts, dim=-1))
-    return [torch.cat(r, dim=1) for r in rows]
+            dst = torch.baddbmm(dst, L[:, lo:hi, :lo], rhs[:, :lo], alpha=-1.0, out=r)
+        rhs[:, lo:hi] = torch.bmm(T_diag[:, p], dst, out=y)

@@ -23,3 +23,9 @@ def kda_gate(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lowe
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # eps inside the sqrt (FLA convention), not max(norm, eps): matches the reference bit for bit.
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def l2norm_factor(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """1 / sqrt(sum x^2 + eps) over the last dim (keepdim): l2norm as a factor, so a kernel
+    can fold it into the pass that copies x into its own layout."""
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().add_(eps).rsqrt_()
