@@ -326,23 +326,30 @@ class MLAAttention(nn.Module):
 # --------------------------------------------------------------------------- decoder
 
 
+def add_layer_body(layer: nn.Module, config, layer_idx: int, *, requires_grad: bool = True) -> None:
+    """What a decoder layer holds besides its attention, here and in the vLLM model: the MLP
+    (MoE or dense), the two norms and the mHC parameters (fp32, checkpoint names)."""
+    layer.mlp = (
+        MoE(config)
+        if config.mlp_layer_types[layer_idx] == "sparse"
+        else MLP(config.hidden_size, config.intermediate_size, config.swiglu_limit)
+    )
+    layer.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    layer.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    n, width = config.hc_mult, (2 + config.hc_mult) * config.hc_mult
+    f32 = dict(dtype=torch.float32)
+    for half in ("attn", "ffn"):
+        setattr(layer, f"hc_{half}_fn", nn.Parameter(torch.zeros(width, n * config.hidden_size, **f32), requires_grad=requires_grad))
+        setattr(layer, f"hc_{half}_base", nn.Parameter(torch.zeros(width, **f32), requires_grad=requires_grad))
+        setattr(layer, f"hc_{half}_scale", nn.Parameter(torch.ones(3, **f32), requires_grad=requires_grad))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.is_kda = config.layer_types[layer_idx] == "linear_attention"
         self.self_attn = KimiDeltaAttention(config, layer_idx) if self.is_kda else MLAAttention(config, layer_idx)
-        self.mlp = (
-            MoE(config)
-            if config.mlp_layer_types[layer_idx] == "sparse"
-            else MLP(config.hidden_size, config.intermediate_size, config.swiglu_limit)
-        )
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        n, width = config.hc_mult, (2 + config.hc_mult) * config.hc_mult
-        for half in ("attn", "ffn"):
-            setattr(self, f"hc_{half}_fn", nn.Parameter(torch.zeros(width, n * config.hidden_size)))
-            setattr(self, f"hc_{half}_base", nn.Parameter(torch.zeros(width)))
-            setattr(self, f"hc_{half}_scale", nn.Parameter(torch.ones(3)))
+        add_layer_body(self, config, layer_idx)
         self.hc_args = dict(rms_eps=config.rms_norm_eps, hc_eps=config.hc_eps, iters=config.hc_sinkhorn_iters)
 
     def hc(self, half: str, X: torch.Tensor):

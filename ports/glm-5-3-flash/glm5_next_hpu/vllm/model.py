@@ -57,7 +57,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from .. import mhc as port_mhc
 from ..config import UnsupportedConfigError, validate_config
 from ..kda import causal_conv1d, chunk_kda, fused_recurrent_kda, kda_gate
-from ..model import MLP, MoE, RMSNorm, VisionModel
+from ..model import RMSNorm, VisionModel, add_layer_body
 from .loader import load_checkpoint
 from .switches import read_switches
 
@@ -331,18 +331,7 @@ class Glm5NextDecoderLayer(nn.Module):
         self.self_attn = (
             Glm5NextKDA(config, vllm_config, attn_prefix) if self.is_kda else Glm5NextMLA(config, vllm_config, attn_prefix)
         )
-        self.mlp = (
-            MoE(config)
-            if config.mlp_layer_types[layer_idx] == "sparse"
-            else MLP(config.hidden_size, config.intermediate_size, config.swiglu_limit)
-        )
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        n, width = config.hc_mult, (2 + config.hc_mult) * config.hc_mult
-        for half in ("attn", "ffn"):
-            setattr(self, f"hc_{half}_fn", nn.Parameter(torch.zeros(width, n * config.hidden_size, dtype=torch.float32), requires_grad=False))
-            setattr(self, f"hc_{half}_base", nn.Parameter(torch.zeros(width, dtype=torch.float32), requires_grad=False))
-            setattr(self, f"hc_{half}_scale", nn.Parameter(torch.ones(3, dtype=torch.float32), requires_grad=False))
+        add_layer_body(self, config, layer_idx, requires_grad=False)
         self.hc_args = dict(rms_eps=config.rms_norm_eps, hc_eps=config.hc_eps, iters=config.hc_sinkhorn_iters, tpc_order=sinkhorn_tpc)
 
     def _hc(self, half: str, X: torch.Tensor):
