@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -322,18 +321,17 @@ class Engine:
         if proc["timed_out"]:
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: its process did not finish within {self.timeout:.0f} s; nothing was written") from None
-        proc = subprocess.CompletedProcess([], proc["rc"], proc["stdout"], proc["stderr"])
         try:
-            lines = proc.stdout.strip().splitlines()
+            lines = proc["stdout"].strip().splitlines()
             result = json.loads(lines[-1]) if lines else {}
         except ValueError:
             result = {}
-        if proc.returncode != 0 or "outputs" not in result:
-            err = result.get("error") or (proc.stderr.strip().splitlines() or ["crashed with no output"])[-1]
+        if proc["rc"] != 0 or "outputs" not in result:
+            err = result.get("error") or (proc["stderr"].strip().splitlines() or ["crashed with no output"])[-1]
             if result.get("errno") in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 shutil.rmtree(stage, ignore_errors=True)
                 raise fs_error(OSError(result["errno"], err), f"{fix.id}: cannot write its output in {stage}")
-            tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
+            tail = "\n".join(proc["stderr"].strip().splitlines()[-8:])
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: {err}" + (f"\n--- its output:\n{tail}" if tail and tail not in err else "") + "\nnothing was written")
         produced = {p.name for p in stage.iterdir()}

@@ -85,16 +85,7 @@ class Case:
     tree_changes: bool = False  # the setup itself edits the tree (the digest is taken after it)
 
 
-GOOD_HUNK = """@@ -9,7 +9,7 @@
- line_9 = 9
- line_10 = 10
- line_11 = 11
--line_12 = 12
-+line_12 = 12  # fixed
- line_13 = 13
- line_14 = 14
- line_15 = 15
-"""
+GOOD_HUNK = B.DIFF_ONE[B.DIFF_ONE.index("@@"):]  # fix-one's hunk, under other headers
 
 
 def hdr(a: str, b: str | None = None) -> str:
