@@ -2,8 +2,7 @@
 
 The driver starts one server (``python -m fixpack.forkserver``) that imports the fix
 machinery (unidiff; libcst once an unpinned codemod needs it) once and never imports a
-target package or a fix. For every job
-the server forks a fresh child; the child installs the write guard, loads the fix and
+target package or a fix. For every job the server forks a fresh child; the child installs the write guard, loads the fix and
 computes its outputs (fixpack.worker.run), exactly as a separate ``python -m fixpack.worker``
 would. A fix that crashes, hangs or misbehaves ends its own child only; the server reports
 its exit status, its output and whether it was killed for the timeout.
@@ -119,7 +118,7 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        """Start the server (it imports libcst while the driver checks the tree)."""
+        """Start the server (it imports the fix machinery while the driver unwinds)."""
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fixpack.forkserver"],
