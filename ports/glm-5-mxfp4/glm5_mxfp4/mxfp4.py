@@ -1,0 +1,229 @@
+"""MXFP4 (OCP MX v1.0): E2M1 elements, one E8M0 scale per 32 along the last axis.
+
+Storage, as every reader we test against expects it:
+  * elements: uint8, two per byte, element 2i in the low nibble, 2i+1 in the high nibble;
+    E2M1 codes 0..7 = +0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign;
+  * scales: uint8 E8M0 exponent, value 2**(code - 127).
+
+Scale modes (the exponent X of the block scale 2**X, amax = the block's largest |v|):
+  * "floor": X = floor(log2 amax) - 2 (the OCP rule); values in (6, 8) * 2**X saturate to 6;
+  * "even":  amax is first rounded at one mantissa bit (amax >= 1.75 * 2**e counts as 2**(e+1)),
+             then the same; this is what vLLM's own quantizer, compressed-tensors and Quark produce.
+X is clamped to [-127, 128]; blocks whose scale code is 0 divide by 2**-126, as torchao does.
+Elements round to nearest, ties to even, and saturate to +-6.
+
+The scale comes from the exponent bits of amax, never from a cast to an e8m0 dtype: those casts
+round (1.5 -> 2, 3 -> 4) and map 0 to NaN or code 0 depending on the library.
+
+Two implementations: `quantize` (a numba kernel working on the bf16 bit patterns with integer
+compares only) and `quantize_reference` (numpy float arithmetic, written from the rules above
+without sharing code with the kernel). Tests hold both bit-exact to torchao.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+BLOCK = 32
+SCALE_MODES = ("floor", "even")
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+
+# Rounding boundaries between consecutive E2M1 magnitudes, and whether a value exactly on the
+# boundary goes up (ties to even: the upper neighbour has the even code).
+_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_TIE_UP = (False, True, False, True, False, True, False)
+
+
+class NonFiniteError(ValueError):
+    """A block holds Inf or NaN; `index` is the first such element (row-major, of the 2-D view)."""
+
+    def __init__(self, index: tuple[int, ...], value: float):
+        super().__init__(f"non-finite value {value} at index {index}")
+        self.index = index
+        self.value = value
+
+
+def _threshold_table() -> np.ndarray:
+    """bf16 bit patterns of (boundary * effective scale) for every scale code, [256, 7] int32.
+
+    Every product is exactly representable (boundaries have at most 3 significant bits and the
+    effective scale exponent is in [-126, 127]); one that overflows becomes the Inf pattern,
+    which no finite element reaches. Positive bf16 values order like their bit patterns, so
+    `abs_bits > T` is the same test as `|v| / scale > boundary`.
+    """
+    table = np.zeros((256, 7), dtype=np.int32)
+    with np.errstate(over="ignore"):
+        for code in range(256):
+            exp = max(code - 127, -126)
+            vals = np.array(_BOUNDS, dtype=np.float32) * np.float32(2.0) ** np.float32(exp)
+            bits = vals.view(np.uint32)
+            assert np.all((bits & 0xFFFF) == 0) or code >= 254
+            table[code] = (bits >> 16).astype(np.int32)
+    return table
+
+
+_THRESHOLDS = _threshold_table()
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _kernel(x16, even, table, out_q, out_s, bad):
+    rows, k = x16.shape
+    nblocks = k // 32
+    for r in numba.prange(rows):
+        for b in range(nblocks):
+            base = b * 32
+            m = 0
+            for i in range(32):
+                a = np.int32(x16[r, base + i]) & 0x7FFF
+                if a > m:
+                    m = a
+            if m > 0x7F7F:  # exponent all ones: Inf or NaN
+                bad[r] = 1
+                out_s[r, b] = 255
+                for j in range(16):
+                    out_q[r, b * 16 + j] = 0
+                continue
+            if even:
+                m = (m + 0x20) & 0x7F80
+            code = ((m >> 7) & 0xFF) - 129
+            if code < -127:
+                code = -127
+            elif code > 128:
+                code = 128
+            code += 127
+            out_s[r, b] = code
+            t0 = table[code, 0]
+            t1 = table[code, 1]
+            t2 = table[code, 2]
+            t3 = table[code, 3]
+            t4 = table[code, 4]
+            t5 = table[code, 5]
+            t6 = table[code, 6]
+            for j in range(16):
+                v0 = np.int32(x16[r, base + 2 * j])
+                v1 = np.int32(x16[r, base + 2 * j + 1])
+                a0 = v0 & 0x7FFF
+                a1 = v1 & 0x7FFF
+                c0 = (
+                    np.int32(a0 > t0) + np.int32(a0 >= t1) + np.int32(a0 > t2) + np.int32(a0 >= t3)
+                    + np.int32(a0 > t4) + np.int32(a0 >= t5) + np.int32(a0 > t6)
+                ) | ((v0 >> 12) & 8)
+                c1 = (
+                    np.int32(a1 > t0) + np.int32(a1 >= t1) + np.int32(a1 > t2) + np.int32(a1 >= t3)
+                    + np.int32(a1 > t4) + np.int32(a1 >= t5) + np.int32(a1 > t6)
+                ) | ((v1 >> 12) & 8)
+                out_q[r, b * 16 + j] = np.uint8(c0 | (c1 << 4))
+
+
+def as_bf16_bits(x) -> np.ndarray:
+    """A uint16 view of bf16 data: a numpy uint16 array, raw bytes, or a torch bf16 tensor."""
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.uint16:
+            raise TypeError(f"expected the uint16 bit patterns of bf16 data, got {x.dtype}")
+        return x
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return np.frombuffer(x, dtype=np.uint16)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"expected a bfloat16 tensor, got {x.dtype}")
+        return x.contiguous().view(torch.int16).numpy().view(np.uint16)
+    raise TypeError(f"cannot read bf16 bits from {type(x).__name__}")
+
+
+def _check(x16: np.ndarray, mode: str) -> np.ndarray:
+    if mode not in SCALE_MODES:
+        raise ValueError(f"scale mode must be one of {SCALE_MODES}, got {mode!r}")
+    if x16.ndim == 0 or x16.shape[-1] % BLOCK:
+        raise ValueError(f"the block axis (last) has {x16.shape[-1] if x16.ndim else 0} elements, "
+                         f"not a multiple of {BLOCK}")
+    return np.ascontiguousarray(x16).reshape(-1, x16.shape[-1])
+
+
+def _first_non_finite(x2: np.ndarray, shape: tuple[int, ...]) -> NonFiniteError:
+    flat = np.flatnonzero((x2.reshape(-1) & 0x7F80) == 0x7F80)[0]
+    index = tuple(int(i) for i in np.unravel_index(flat, shape))
+    bits = np.array([x2.reshape(-1)[flat]], dtype=np.uint16).astype(np.uint32) << 16
+    return NonFiniteError(index, float(bits.view(np.float32)[0]))
+
+
+def quantize(x, mode: str = "even", out_q: np.ndarray | None = None,
+             out_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """bf16 [..., K] -> (packed uint8 [..., K/2], scales uint8 [..., K/32]). Raises NonFiniteError."""
+    x16 = as_bf16_bits(x)
+    shape = x16.shape
+    x2 = _check(x16, mode)
+    rows, k = x2.shape
+    q = np.empty((rows, k // 2), dtype=np.uint8) if out_q is None else out_q.reshape(rows, k // 2)
+    s = np.empty((rows, k // BLOCK), dtype=np.uint8) if out_s is None else out_s.reshape(rows, k // BLOCK)
+    bad = np.zeros(rows, dtype=np.uint8)
+    _kernel(x2, mode == "even", _THRESHOLDS, q, s, bad)
+    if bad.any():
+        raise _first_non_finite(x2, shape)
+    return q.reshape(*shape[:-1], k // 2), s.reshape(*shape[:-1], k // BLOCK)
+
+
+def _bf16_to_f32(x16: np.ndarray) -> np.ndarray:
+    return (x16.astype(np.uint32) << 16).view(np.float32)
+
+
+def quantize_reference(x, mode: str = "even") -> tuple[np.ndarray, np.ndarray]:
+    """The same contract as `quantize`, in plain numpy float arithmetic (slow; for tests)."""
+    x16 = as_bf16_bits(x)
+    shape = x16.shape
+    x2 = _check(x16, mode)
+    if np.any((x2 & 0x7F80) == 0x7F80):
+        raise _first_non_finite(x2, shape)
+    rows, k = x2.shape
+    v = _bf16_to_f32(x2).reshape(rows, k // BLOCK, BLOCK)
+    amax = np.abs(v).max(axis=-1)
+    amax_bits = amax.astype(np.float32).view(np.uint32).astype(np.int64)
+    if mode == "even":
+        amax_bits = (amax_bits + 0x200000) & 0x7F800000
+    exp = np.clip((amax_bits >> 23) - 127 - 2, -127, 128)
+    codes = (exp + 127).astype(np.uint8)
+    scale = np.ldexp(np.float32(1.0), np.maximum(exp, -126)).astype(np.float32)
+    mag = np.minimum(np.abs(v) / scale[..., None], np.float32(6.0))
+    idx = np.zeros(mag.shape, dtype=np.uint8)
+    for i, (bound, up) in enumerate(zip(_BOUNDS, _TIE_UP)):
+        above = (mag >= bound) if up else (mag > bound)
+        idx = np.where(above, np.uint8(i + 1), idx)
+    sign = (v.view(np.uint32) >> 31).astype(np.uint8) << 3
+    nib = (idx | sign).reshape(rows, k)
+    packed = (nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8)
+    return packed.reshape(*shape[:-1], k // 2), codes.reshape(*shape[:-1], k // BLOCK)
+
+
+def dequantize(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """(packed uint8 [..., K/2], scales uint8 [..., K/32]) -> float32 [..., K].
+
+    Every value is exact in bf16 as well. Scale code 0 decodes as 2**-127 (torchao and
+    transformers do the same; vLLM's torch reader gives 0 there: the converter never writes code
+    0 for real weights, only for blocks whose amax is below 2**-124).
+    """
+    packed = np.asarray(packed, dtype=np.uint8)
+    scales = np.asarray(scales, dtype=np.uint8)
+    k = packed.shape[-1] * 2
+    if scales.shape[-1] * BLOCK != k or scales.shape[:-1] != packed.shape[:-1]:
+        raise ValueError(f"packed {packed.shape} and scales {scales.shape} do not match")
+    lo = packed & 0x0F
+    hi = packed >> 4
+    nib = np.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], k)
+    vals = E2M1_VALUES[nib & 7] * np.where(nib & 8, np.float32(-1.0), np.float32(1.0))
+    factor = np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32)
+    if np.any(scales == 255):
+        factor = np.where(scales == 255, np.float32(np.nan), factor)
+    vals = vals.reshape(*packed.shape[:-1], k // BLOCK, BLOCK) * factor[..., None]
+    return vals.reshape(*packed.shape[:-1], k).astype(np.float32)
+
+
+def relative_error(x, mode: str) -> float:
+    """||dequant(quant(x)) - x|| / ||x|| (Frobenius), for choosing and documenting the default mode."""
+    x16 = as_bf16_bits(x)
+    ref = _bf16_to_f32(x16).astype(np.float64)
+    deq = dequantize(*quantize(x16, mode)).astype(np.float64)
+    return float(np.linalg.norm(deq - ref) / np.linalg.norm(ref))
