@@ -27,6 +27,8 @@ from fixpack.pack import Fix, Pack, Port, Profile
 from fixpack.paths import resolve_inside
 from fixpack.verify import Lines
 from fixpack.store import Store, atomic_write, crashpoint, drop_bytecode, fs_error
+from fixpack.watch import TreeWatch
+from fixpack.worker import SANDBOX_MODES
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -68,6 +70,11 @@ class Engine:
                     self.files.append(rel)
         self._fix_hash = {f.id: f.content_hash() for f in self.fixes}
         self._forkserver: ForkServer | None = None
+        self.sandbox = os.environ.get("FIXPACK_SANDBOX", "auto") or "auto"
+        if self.sandbox not in SANDBOX_MODES:
+            raise ConfigError(f"FIXPACK_SANDBOX={self.sandbox}: expected one of {', '.join(SANDBOX_MODES)}")
+        self.protection: dict | None = None  # what confined the fix processes of this run
+        self._watch: TreeWatch | None = None
         self.pinned: dict | None = None
         if self.lock is not None:
             self.pinned = self.lock.selection(self.key)
@@ -125,7 +132,10 @@ class Engine:
         return exp
 
     def step_record(self, fix: Fix, files: dict[str, list[str]]) -> dict:
-        return {"fix": fix.id, "layer": fix.layer, "fix_hash": self._fix_hash[fix.id], "files": files}
+        step = {"fix": fix.id, "layer": fix.layer, "fix_hash": self._fix_hash[fix.id], "files": files}
+        if self.protection is not None:
+            step["sandbox"] = protection_text(self.protection)
+        return step
 
     # ---- state
     def _base_state(self) -> dict:
@@ -137,6 +147,7 @@ class Engine:
             "tool_version": __version__,
             "packages": {k: str(v) for k, v in self.found.items()},
             "base": {"profile_sources": self.profile.base.get("sources", {}), "found": self._identity()},
+            **({"protection": dict(self.protection, detection="snapshot")} if self.protection else {}),
         }
 
     def _identity(self) -> dict:
@@ -306,6 +317,7 @@ class Engine:
             "kind": fix.kind,
             "stage_dir": str(stage),
             "check_idempotent": self.check_idempotent,
+            "sandbox": self.sandbox,
             "targets": [
                 {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out"), "anchors": known.get((hashes or {}).get(rel), {})}
                 for i, (rel, src) in enumerate(inputs.items())
@@ -313,11 +325,16 @@ class Engine:
             # An output equal to its pin was compiled when the pin was recorded; the worker need not compile it again.
             "expect": {rel: pins[rel][1] for rel in inputs} if pins else {},
         }
+        watch = self._watching()
+        watch.take()
         try:
             proc = self._server().run(job, self.timeout)
         except ServerDied as exc:
+            self._check_outside(fix, watch, stage)
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: {exc}; nothing was written") from None
+        self._check_outside(fix, watch, stage)
+        self._note_protection(proc)
         if proc["timed_out"]:
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: its process did not finish within {self.timeout:.0f} s; nothing was written") from None
@@ -345,6 +362,59 @@ class Engine:
             for rel, found in (result.get("anchors") or {}).items():
                 self.anchors.setdefault(hashes[rel], {}).update(found)
         return out
+
+    def _watching(self) -> TreeWatch:
+        """The snapshot of the package folders and the state folder that every fix's process is
+        compared with. The driver keeps the files' bytes too unless the kernel confines the fixes."""
+        if self._watch is None:
+            kernel = False
+            if self.sandbox != "hook":
+                from fixpack.landlock import Unavailable, abi_version
+
+                try:
+                    abi_version()
+                    kernel = True
+                except Unavailable as exc:
+                    if self.sandbox == "auto":
+                        self.report.say(f"warning: Landlock is not available here ({exc}); each fix's process is confined by the audit hook only, "
+                                        "and a snapshot of the trees before and after it finds and undoes any change outside its targets")
+            roots = [*self.found.values(), self.store.dir]
+            self._watch = TreeWatch(roots, skip={str(self.store.dir / "staging")}, keep_bytes=not kernel)
+        return self._watch
+
+    def _note_protection(self, proc: dict) -> None:
+        lines = proc.get("stdout", "").strip().splitlines()
+        try:
+            got = json.loads(lines[-1]).get("protection") if lines else None
+        except (ValueError, AttributeError):
+            got = None
+        if not isinstance(got, dict):
+            return
+        if got.get("sandbox") != "landlock" and self._watch is not None and not self._watch.keep_bytes:
+            self.report.say(f"warning: Landlock could not confine the fix process ({got.get('reason')}); the audit hook and the snapshot check remain")
+            self._watch.start_keeping_bytes()
+        if self.protection is None:
+            self.protection = got
+
+    def _check_outside(self, fix: Fix, watch: TreeWatch, stage: Path) -> None:
+        """A fix's process may have changed nothing but its staging folder. Anything else is put
+        back where the driver can, and the fix fails naming every change."""
+        changed = watch.changes()
+        if not changed:
+            return
+        shutil.rmtree(stage, ignore_errors=True)
+        watch.restore(changed)
+        watch.take()
+        lines = [f"  {c.path}: {c.what}; {'restored' if c.restored else 'NOT restored'} ({c.how})" for c in changed]
+        first = changed[0].path
+        left = [c.path for c in changed if not c.restored]
+        raise FixFailed(
+            f"fix {fix.id} changed {first} outside its targets" + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "") + ":\n"
+            + "\n".join(lines)
+            + ("\nnothing of this fix was written; every change it made was undone" if not left else
+               f"\nnothing of this fix was written, but {len(left)} change(s) could not be undone: reinstall the package that holds "
+               f"{left[0]} (or restore it from the release), then run `fixpack verify`")
+        )
 
     # ---- apply
     def fast_path_done(self) -> bool:
@@ -471,6 +541,12 @@ class Engine:
         steps = self.commit("unwind", step, changes, steps)
         self.report.line(step["fix"], "reverted", ", ".join(step["files"]))
         return steps
+
+
+def protection_text(p: dict) -> str:
+    if p.get("sandbox") == "landlock":
+        return f"landlock ABI {p.get('abi')} + audit hook + snapshot"
+    return f"audit hook + snapshot (no Landlock: {p.get('reason', 'unknown')})"
 
 
 def revert(engine: Engine, fix_id: str | None) -> int:

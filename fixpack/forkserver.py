@@ -42,8 +42,15 @@ def _drain(pid: int, fds: dict[int, bytearray], timeout: float) -> tuple[int | N
                 sel.unregister(key.fd)
     sel.close()
     if timed_out:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
+    try:  # whatever the fix's process started (in its group) ends with it
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
     return (None if timed_out else os.waitstatus_to_exitcode(status)), timed_out
 
 
@@ -54,6 +61,7 @@ def _run_job(job: dict) -> dict:
     if pid == 0:  # the fix's own process
         code = 1
         try:
+            os.setpgid(0, 0)  # its own process group, so that anything it starts can be ended with it
             os.close(out_r)
             os.close(err_r)
             devnull = os.open(os.devnull, os.O_RDONLY)

@@ -63,6 +63,12 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Repo
     for pkg, info in found_ids.items():
         report.say(f"  {pkg}: " + ", ".join(f"{k}={v}" for k, v in info.items()))
     result["base"] = found_ids
+    # which walls stood around the fix processes that made this state (older records lack it)
+    result["protection"] = state.get("protection")
+    prot = state.get("protection") or {}
+    if prot:
+        kernel = f"Landlock ABI {prot.get('abi')} (kernel)" if prot.get("sandbox") == "landlock" else f"no Landlock ({prot.get('reason')})"
+        report.say(f"  fix processes confined by: {kernel}, audit hook, {prot.get('detection', 'snapshot')} check")
     final: dict[str, str] = {}
     for s in state.get("steps", []):
         for rel, (_, after) in s["files"].items():
@@ -76,7 +82,7 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Repo
         ok = all(cur[rel] == final[rel] for rel in s["files"])
         status = "applied" if ok else "drifted"
         report.line(s["fix"], status, ", ".join(f"{rel}: {short(cur[rel])}" for rel in s["files"]) if not ok else f"{len(s['files'])} file(s)")
-        result["fixes"].append({"fix": s["fix"], "status": status, "files": list(s["files"])})
+        result["fixes"].append({"fix": s["fix"], "status": status, "files": list(s["files"]), "sandbox": s.get("sandbox")})
         result["drift"] |= not ok
     for rel in final:
         result["files"][rel] = {"status": "fixed" if cur[rel] == final[rel] else "drifted", "found": cur[rel], "expected": final[rel]}

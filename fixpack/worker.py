@@ -2,13 +2,18 @@
 ``python -m fixpack.worker`` with a JSON job on stdin.
 
 The job names the fix folder, its kind, and for each declared target the file to read and
-the staging file to write. The worker never writes anywhere else: an audit hook refuses any
-other write, so a codemod that tries to touch an undeclared file fails alone. The driver
-checks the staged bytes against the pins and commits them; nothing here touches a target.
+the staging file to write. The worker never writes anywhere else. Two guards, in this order:
+the kernel (Landlock, fixpack.landlock: writes only beneath the staging folder, no program
+started), where the kernel has it; then an audit hook that refuses the same in Python, so
+that a mistake gets a clear message. The hook alone can be bypassed (ctypes, for one); that
+is why the driver also compares a snapshot of the trees after the process ends
+(fixpack.watch). The driver checks the staged bytes against the pins and commits them;
+nothing here touches a target.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -16,15 +21,38 @@ import sys
 from pathlib import Path
 
 
+SANDBOX_MODES = ("auto", "landlock", "hook")
+
+
+def confine(stage_dir: str, mode: str) -> dict:
+    """Put the kernel's walls up where it has them. ``mode``: auto (Landlock when the kernel
+    has it, else the audit hook alone, said in the result), landlock (required), hook (forced
+    off). Returns what is in force, for the state record."""
+    if mode == "hook":
+        return {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}
+    from fixpack.landlock import Unavailable, confine as landlock_confine
+
+    try:
+        return {"sandbox": "landlock", "abi": landlock_confine(stage_dir)}
+    except Unavailable as exc:
+        if mode == "landlock":
+            raise PermissionError(f"FIXPACK_SANDBOX=landlock, but Landlock cannot confine this process: {exc}") from None
+        return {"sandbox": "audit-hook", "reason": str(exc)}
+
+
 def _guard_writes(allowed_dir: str) -> None:
     allowed = os.path.realpath(allowed_dir) + os.sep
-    write_events = {"os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.mkdir", "os.truncate", "shutil.rmtree", "os.chmod", "os.chown", "os.symlink", "os.link"}
-
-    two_path_events = {"os.rename", "os.replace", "os.symlink", "os.link"}
+    # event -> (position of a path it writes, position of that path's dir_fd or None), per path
+    write_events = {
+        "os.remove": [(0, 1)], "os.rmdir": [(0, 1)], "os.mkdir": [(0, 2)], "os.truncate": [(0, None)],
+        "os.chmod": [(0, 2)], "os.chown": [(0, 3)], "os.utime": [(0, 3)], "shutil.rmtree": [(0, 1)],
+        "os.rename": [(0, 2), (1, 3)], "os.replace": [(0, 2), (1, 3)], "os.symlink": [(1, 2)],
+        # a hard link of a tree file into the stage would let the fix write the tree file's bytes
+        "os.link": [(0, 2), (1, 3)],
+    }
     spawn_events = {"os.system", "subprocess.Popen", "os.fork", "os.forkpty", "pty.spawn"}
 
     def hook(event, args):
-        path = None
         if event == "open":
             path, mode = args[0], args[1]
             if isinstance(mode, str):
@@ -33,24 +61,25 @@ def _guard_writes(allowed_dir: str) -> None:
                 writing = isinstance(args[2], int) and bool(args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
             if not writing or isinstance(path, int):
                 return
+            if mode is None and not os.path.isabs(os.fsdecode(path)):
+                # os.open's event does not say its dir_fd, so a relative name cannot be placed
+                raise PermissionError(f"fix tried to open {os.fsdecode(path)!r} for writing by a relative name (os.open, perhaps with dir_fd); outside its staging area unless named absolutely")
+            check(path)
         elif event in write_events:
-            path = args[0]
-            if event in two_path_events:  # (src, dst, ...): the destination is where it writes
-                check(args[1])
-                if event in ("os.symlink", "os.link"):
-                    return  # the source of a link is only read (os.symlink's need not even exist)
+            for pos, fd_pos in write_events[event]:
+                check(args[pos], args[fd_pos] if fd_pos is not None and fd_pos < len(args) else None)
         elif event in spawn_events or event.startswith(("os.exec", "os.spawn", "os.posix_spawn")):
             raise PermissionError(f"fix tried to start a process ({event}); a fix computes its targets' new text and nothing else")
         elif event in ("os.kill", "os.killpg", "signal.pthread_kill"):
             raise PermissionError(f"fix tried to send a signal ({event}); a fix computes its targets' new text and nothing else")
-        else:
-            return
-        check(path)
 
-    def check(path):
+    def check(path, dir_fd=None):
         if isinstance(path, int) or path is None:
             return
-        real = os.path.realpath(os.fsdecode(path))
+        name = os.fsdecode(path)
+        if isinstance(dir_fd, int) and dir_fd >= 0 and not os.path.isabs(name):
+            name = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name)  # relative to its dir_fd, not the working folder
+        real = os.path.realpath(name)
         if not (real + os.sep).startswith(allowed) and not real.startswith(allowed):
             raise PermissionError(f"fix tried to write {real}, outside its staging area (fixes may only change their declared targets)")
 
@@ -122,16 +151,24 @@ def run(job: dict) -> dict:
 
 
 def execute(job: dict) -> int:
-    """Guard writes, compute the fix's outputs, print the result as one JSON line."""
+    """Confine the process, guard writes, compute the fix's outputs, print the result as one JSON line."""
+    try:
+        protection = confine(job["stage_dir"], job.get("sandbox", "auto"))
+    except PermissionError as exc:
+        print(json.dumps({"error": f"{exc}", "protection": {"sandbox": "none"}}))
+        return 1
     _guard_writes(job["stage_dir"])
     try:
         result = run(job)
     except Exception as exc:  # reported to the driver; the driver decides the exit code
-        report = {"error": f"{type(exc).__name__}: {exc}"}
+        report = {"error": f"{type(exc).__name__}: {exc}", "protection": protection}
         if isinstance(exc, OSError) and exc.errno:
             report["errno"] = exc.errno  # a full or read-only disk is the environment's fault, not the fix's
+            if protection["sandbox"] == "landlock" and exc.errno in (errno.EACCES, errno.EPERM, errno.EXDEV):
+                report["error"] = f"refused by the kernel (Landlock ABI {protection['abi']}): {report['error']}"
         print(json.dumps(report))
         return 1
+    result["protection"] = protection
     print(json.dumps(result))
     return 0
 

@@ -1,0 +1,168 @@
+"""What a fix's process changed, whatever confined it: a snapshot of the trees before, and after.
+
+The driver records (device, inode, size, mtime_ns, ctime_ns, mode) of every entry under the
+package folders it works on and under its state folder (the fixes' staging folders aside)
+before a fix's process starts, and compares after it ends. A write through any name (a hard
+link, a ``dir_fd``, ``/proc/self/fd``, ctypes) changes the inode's ctime; a rename or a new
+file changes the entries. The cost is one ``lstat`` per entry: about 5,000 for vLLM.
+
+Where the kernel does not confine the fix (no Landlock), the driver also keeps the bytes of
+every file up to ``KEEP_BYTES_UP_TO`` from before the first fix, so that it can put back
+whatever a fix changed. Under Landlock a fix cannot change a file's bytes outside its stage;
+what is left (mode, times: Landlock does not govern metadata) is restored from the snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KEEP_BYTES_UP_TO = 8 << 20  # every .py file; a large binary is named for reinstalling instead
+
+Entry = tuple  # (dev, ino, size, mtime_ns, ctime_ns, mode, uid, gid)
+
+
+def _entry(st: os.stat_result) -> Entry:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid, st.st_gid)
+
+
+def scan(roots: list[Path], skip: set[str]) -> dict[str, Entry]:
+    out: dict[str, Entry] = {}
+
+    def walk(d: str) -> None:
+        try:
+            it = os.scandir(d)
+        except OSError:
+            return
+        with it:
+            for e in it:
+                if e.path in skip:
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                out[e.path] = _entry(st)
+                if stat.S_ISDIR(st.st_mode):
+                    walk(e.path)
+
+    for r in roots:
+        try:
+            out[str(r)] = _entry(os.lstat(r))
+        except OSError:
+            continue
+        walk(str(r))
+    return out
+
+
+@dataclass
+class Change:
+    path: str
+    what: str  # changed | created | removed
+    restored: bool = False
+    how: str = ""
+
+
+@dataclass
+class TreeWatch:
+    roots: list[Path]
+    skip: set[str]
+    keep_bytes: bool
+    before: dict[str, Entry] = field(default_factory=dict)
+    data: dict[str, bytes] = field(default_factory=dict)
+
+    def take(self) -> None:
+        """The snapshot a fix's process is compared with."""
+        old = self.before
+        self.before = scan(self.roots, self.skip)
+        if not self.keep_bytes:
+            return
+        for path, e in self.before.items():
+            if stat.S_ISREG(e[5]) and e[2] <= KEEP_BYTES_UP_TO and (path not in self.data or old.get(path) != e):
+                try:
+                    with open(path, "rb") as f:
+                        self.data[path] = f.read()
+                except OSError:
+                    self.data.pop(path, None)
+        for path in set(self.data) - set(self.before):
+            del self.data[path]
+
+    def start_keeping_bytes(self) -> None:
+        if not self.keep_bytes:
+            self.keep_bytes = True
+            self.before = {}
+            self.take()
+
+    def changes(self) -> list[Change]:
+        now = scan(self.roots, self.skip)
+        out = [Change(p, "changed") for p, e in self.before.items() if p in now and now[p] != e]
+        out += [Change(p, "removed") for p in self.before if p not in now]
+        out += [Change(p, "created") for p in now if p not in self.before]
+        # files first: a folder changes only because an entry in it did
+        return sorted(out, key=lambda c: (stat.S_ISDIR((self.before.get(c.path) or now.get(c.path))[5]), c.path))
+
+    def restore(self, changes: list[Change]) -> None:
+        """Put back what a fix's process changed: created entries go (deepest first), removed
+        and changed files get their bytes, mode and times back where the driver has them."""
+        created = sorted((c for c in changes if c.what == "created"), key=lambda c: -c.path.count(os.sep))
+        others = sorted((c for c in changes if c.what != "created"), key=lambda c: c.path.count(os.sep))
+        for c in created + others:
+            try:
+                self._restore_one(c)
+            except Exception as exc:  # noqa: BLE001 - each change is reported with what went wrong
+                c.how = f"could not restore it: {exc}"
+
+    def _restore_one(self, c: Change) -> None:
+        p = c.path
+        if c.what == "created":
+            st = os.lstat(p)
+            if stat.S_ISDIR(st.st_mode):
+                for name in os.listdir(p):  # anything left inside was created too
+                    self._restore_one(Change(os.path.join(p, name), "created"))
+                os.rmdir(p)
+            else:
+                os.unlink(p)
+            c.restored, c.how = True, "removed"
+            return
+        old = self.before[p]
+        mode = stat.S_IMODE(old[5])
+        if stat.S_ISDIR(old[5]):
+            if c.what == "removed":
+                os.mkdir(p, mode)
+            os.chmod(p, mode, follow_symlinks=False)
+            c.restored, c.how = True, "folder mode put back"
+            return
+        if not stat.S_ISREG(old[5]):
+            c.how = "not a regular file; restore it by reinstalling its package"
+            return
+        cur = None
+        try:
+            cur = os.lstat(p)
+        except FileNotFoundError:
+            pass
+        same_bytes = cur is not None and stat.S_ISREG(cur.st_mode) and (cur.st_dev, cur.st_ino, cur.st_size) == old[:3] and cur.st_mtime_ns == old[3]
+        if p in self.data:
+            from fixpack.store import atomic_write
+
+            if cur is not None and not stat.S_ISREG(cur.st_mode) and not stat.S_ISLNK(cur.st_mode):
+                raise OSError(f"{p} is now not a file")
+            if cur is not None and stat.S_ISLNK(cur.st_mode):
+                os.unlink(p)
+            atomic_write(Path(p), self.data[p])
+            self._metadata(p, old)
+            c.restored, c.how = True, "bytes, mode and mtime put back from the copy taken before the fix ran"
+        elif not self.keep_bytes and same_bytes:
+            # the kernel kept the bytes (Landlock does not govern metadata); only mode or times moved
+            self._metadata(p, old)
+            c.restored, c.how = True, "mode and mtime put back (the bytes were not changed)"
+        else:
+            c.how = "its bytes were not kept (larger than the copy limit, or the kernel was trusted to keep them); reinstall its package"
+
+    @staticmethod
+    def _metadata(p: str, old: Entry) -> None:
+        if (os.stat(p).st_uid, os.stat(p).st_gid) != old[6:8]:
+            os.chown(p, old[6], old[7])
+        os.chmod(p, stat.S_IMODE(old[5]))  # after chown, which clears setuid and setgid
+        os.utime(p, ns=(old[3], old[3]))

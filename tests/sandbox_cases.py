@@ -1,0 +1,105 @@
+"""A fix's process trying to change what it did not declare, by ways a Python audit hook cannot see.
+
+Each case is a codemod that calls libc through ctypes (no audit event names the path) to write
+a file of the tree outside its targets, or to start a program. Run twice:
+
+  landlock   the kernel refuses the call: the fix fails with the errno, nothing changed
+  hook       Landlock forced off (FIXPACK_SANDBOX=hook): the call succeeds, and the driver's
+             snapshot check finds the change, undoes it and fails the fix naming the file
+
+Shared by tests/test_sandbox.py and bench/reliability_report.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import builders as B  # noqa: E402
+import reliability_lib as L  # noqa: E402
+from hostile_cases import Ctx  # noqa: E402
+
+# Every case gets these names: libc, fail() (raise the errno), T (the tree), S (the staging folder, the cwd).
+PRELUDE = """
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+T = os.environ['FIXPACK_TEST_TREE'].encode()
+S = os.getcwd().encode()
+def fresh(name):  # the codemod machinery may call a rewrite twice (text form, then libcst)
+    libc.unlink(name.encode())
+def fail(what):
+    e = ctypes.get_errno()
+    raise OSError(e, os.strerror(e), what)
+"""
+
+
+@dataclass
+class Escape:
+    id: str
+    what: str
+    body: str  # the rest of the codemod's rewrite(); it must change the tree if the kernel lets it
+    file: str  # the tree file it changes (relative), named in the detection message
+
+
+ESCAPES = [
+    Escape("hard-link", "hard-link an undeclared tree file into the stage, then write the staged name",
+           "if libc.link(T + b'/pkg_a/__init__.py', S + b'/h') != 0: fail('link')\nopen('h', 'a').write('# pwned\\n')", "pkg_a/__init__.py"),
+    Escape("dir-fd", "open an undeclared file for writing relative to a folder descriptor opened in the tree",
+           "d = os.open(T + b'/pkg_a', os.O_RDONLY | os.O_DIRECTORY)\nfd = libc.openat(d, b'__init__.py', os.O_WRONLY | os.O_APPEND)\nif fd < 0: fail('openat')\nos.write(fd, b'# pwned\\n')", "pkg_a/__init__.py"),
+    Escape("rename-target-into-stage", "move its own target out of the tree into the stage",
+           "if libc.rename(T + b'/pkg_a/sub/other.py', S + b'/moved') != 0: fail('rename')", "pkg_a/sub/other.py"),
+    Escape("symlink-in-stage", "plant a symlink in the stage pointing at a tree file and write through it",
+           "fresh('l')\nif libc.symlink(T + b'/pkg_a/__init__.py', S + b'/l') != 0: fail('symlink')\nfd = libc.open(S + b'/l', os.O_WRONLY | os.O_APPEND)\nif fd < 0: fail('open through the symlink')\nos.write(fd, b'# pwned\\n')", "pkg_a/__init__.py"),
+    Escape("proc-self-fd", "reopen a read-only descriptor of a tree file for writing through /proc/self/fd",
+           "r = os.open(T + b'/pkg_a/__init__.py', os.O_RDONLY)\nfd = libc.open(b'/proc/self/fd/%d' % r, os.O_WRONLY | os.O_APPEND)\nif fd < 0: fail('open /proc/self/fd')\nos.write(fd, b'# pwned\\n')", "pkg_a/__init__.py"),
+    Escape("replace-onto-target", "write a file in the stage and rename it over its target in the tree",
+           "open('new', 'w').write('pwned = True\\n')\nif libc.rename(S + b'/new', T + b'/pkg_a/sub/other.py') != 0: fail('rename over the target')", "pkg_a/sub/other.py"),
+    Escape("truncate-undeclared", "truncate a file it does not declare",
+           "if libc.truncate(T + b'/pkg_a/mod.py', ctypes.c_long(0)) != 0: fail('truncate')", "pkg_a/mod.py"),
+    Escape("exec-program", "replace its process by a shell that writes a tree file",
+           "sh = b'/bin/sh'\nargv = (ctypes.c_char_p * 4)(sh, b'-c', b'echo pwned >> ' + T + b'/pkg_a/__init__.py', None)\nlibc.execv(sh, argv)\nfail('execv')", "pkg_a/__init__.py"),
+]
+
+KERNEL_MSG = r"refused by the kernel \(Landlock ABI \d+\): (PermissionError|OSError): \[Errno (13|18|1)\]"
+DETECT_MSG = r"fix fix-two changed \S*{file} outside its targets.*every change it made was undone"
+
+
+def run_escape(esc: Escape, mode: str, work: Path):
+    """Run one case under one mode; raises AssertionError unless it is refused or caught and undone."""
+    work.mkdir(parents=True, exist_ok=True)
+    root, tree = L.copy_pack("codemod-first", work)
+    ctx = Ctx(root, tree, work / "outside", work / "outside" / "pwned")
+    ctx.outside.mkdir()
+    ctx.codemod(PRELUDE.strip("\n") + "\n" + esc.body + "\nreturn node")
+    B.forge_lock(root, "fix-two")
+    before = B.tree_digest(tree)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root,
+                  env={"FIXPACK_TEST_TREE": str(tree), "FIXPACK_SANDBOX": "landlock" if mode == "landlock" else "hook"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, f"{esc.id}/{mode}: exit {r.returncode}, expected 4:\n{out[-2500:]}"
+    want = KERNEL_MSG if mode == "landlock" else DETECT_MSG.format(file=re.escape(esc.file))
+    assert re.search(want, out, re.S), f"{esc.id}/{mode}: no {want!r} in:\n{out[-2500:]}"
+    assert re.search("nothing (of this fix )?was written", out), out[-2500:]
+    assert B.tree_digest(tree) == before, f"{esc.id}/{mode}: the tree was left changed"
+    assert not any(p.name in ("h", "l", "moved", "new") for p in tree.rglob("*")), f"{esc.id}/{mode}: a file was left in the tree"
+    assert not (tree / ".fixpack" / "state.json").exists() or "fix-two" not in (tree / ".fixpack" / "state.json").read_text()
+    return r
+
+
+def landlock_here() -> str | None:
+    """None when the kernel can confine a process here, else why not."""
+    from fixpack.landlock import Unavailable, abi_version
+
+    try:
+        abi_version()
+        return None
+    except Unavailable as exc:
+        return str(exc)
+
+
+__all__ = ["ESCAPES", "run_escape", "landlock_here", "os"]

@@ -1,0 +1,122 @@
+"""A fix's process is kept inside its staging folder by the kernel, and caught by the driver
+when the kernel cannot keep it there (tests/sandbox_cases.py has the cases)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import builders as B  # noqa: E402
+import reliability_lib as L  # noqa: E402
+from sandbox_cases import ESCAPES, landlock_here, run_escape  # noqa: E402
+
+NO_LANDLOCK = landlock_here()
+
+
+@pytest.mark.parametrize("esc", ESCAPES, ids=[e.id for e in ESCAPES])
+def test_refused_by_the_kernel(esc, tmp_path):
+    if NO_LANDLOCK:
+        pytest.skip(f"this kernel cannot confine a process: {NO_LANDLOCK}")
+    r = run_escape(esc, "landlock", tmp_path)
+    assert "changed" not in r.stdout + r.stderr.split("refused by the kernel")[0]
+
+
+@pytest.mark.parametrize("esc", ESCAPES, ids=[e.id for e in ESCAPES])
+def test_caught_by_the_snapshot_with_landlock_off(esc, tmp_path):
+    run_escape(esc, "hook", tmp_path)
+
+
+def _apply(tmp_path, sandbox: str):
+    root, tree = L.copy_pack("basic", tmp_path)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, env={"FIXPACK_SANDBOX": sandbox})
+    assert r.returncode == 0, r.stdout + r.stderr
+    v = B.fixpack("verify", "--profile", "test", "--root", str(tree), "--json", pack=root)
+    assert v.returncode == 0, v.stdout + v.stderr
+    return r, json.loads(v.stdout), json.loads((tree / ".fixpack" / "state.json").read_text())
+
+
+def test_state_record_and_verify_say_landlock_was_in_force(tmp_path):
+    if NO_LANDLOCK:
+        pytest.skip(f"this kernel cannot confine a process: {NO_LANDLOCK}")
+    r, verify, state = _apply(tmp_path, "auto")
+    assert "Landlock is not available" not in r.stdout + r.stderr
+    assert state["protection"]["sandbox"] == "landlock" and state["protection"]["abi"] >= 1
+    assert state["protection"]["detection"] == "snapshot"
+    assert verify["protection"] == state["protection"]
+    assert all(f["sandbox"].startswith("landlock ABI") for f in verify["fixes"])
+
+
+def test_forced_off_is_said_and_recorded(tmp_path):
+    r, verify, state = _apply(tmp_path, "hook")
+    assert state["protection"] == {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)", "detection": "snapshot"}
+    assert verify["protection"]["sandbox"] == "audit-hook"
+    assert all(f["sandbox"].startswith("audit hook + snapshot") for f in verify["fixes"])
+
+
+def test_unavailable_landlock_is_said_once_and_the_run_falls_back(tmp_path, monkeypatch):
+    """A kernel without Landlock, emulated: the probe and the child's confinement both fail."""
+    root, tree = L.copy_pack("basic", tmp_path)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import fixpack.landlock as l\n"
+        "def _no(*a, **k):\n    raise l.Unavailable(38, 'the kernel has no Landlock (emulated by the test)')\n"
+        "l.abi_version = _no\nl.confine = _no\n"
+    )
+    env = {"PYTHONPATH": f"{shim}{os.pathsep}{B.REPO}"}
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert out.count("Landlock is not available here") == 1, out
+    state = json.loads((tree / ".fixpack" / "state.json").read_text())
+    assert state["protection"]["sandbox"] == "audit-hook" and "emulated by the test" in state["protection"]["reason"]
+
+
+def test_required_landlock_that_is_missing_fails_the_fix(tmp_path):
+    root, tree = L.copy_pack("basic", tmp_path)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import fixpack.landlock as l\n"
+        "def _no(*a, **k):\n    raise l.Unavailable(38, 'no Landlock (emulated)')\n"
+        "l.abi_version = _no\nl.confine = _no\n"
+    )
+    before = B.tree_digest(tree)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root,
+                  env={"PYTHONPATH": f"{shim}{os.pathsep}{B.REPO}", "FIXPACK_SANDBOX": "landlock"})
+    assert r.returncode == 4 and "FIXPACK_SANDBOX=landlock, but Landlock cannot confine" in r.stdout + r.stderr
+    assert B.tree_digest(tree) == before
+
+
+@pytest.mark.parametrize("body, msg", [
+    # the two ways the audit hook was bypassed before it checked link sources and dir_fd names
+    ("os.link(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a/__init__.py', 'h')\nopen('h', 'a').write('x')", "outside its staging area"),
+    ("d = os.open(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a', os.O_RDONLY)\nos.write(os.open('__init__.py', os.O_WRONLY, dir_fd=d), b'x')", "relative name"),
+    ("d = os.open(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a', os.O_RDONLY)\nos.rename('mod.py', 'gone.py', src_dir_fd=d, dst_dir_fd=d)", "outside its staging area"),
+    ("os.truncate(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a/mod.py', 0)", "outside its staging area"),
+], ids=["os.link", "os.open-dir_fd", "os.rename-dir_fd", "os.truncate"])
+def test_the_hook_alone_refuses_the_python_level_ways(body, msg, tmp_path):
+    """With Landlock forced off the audit hook still refuses these before the system call."""
+    root, tree = L.copy_pack("codemod-first", tmp_path)
+    from hostile_cases import Ctx
+
+    Ctx(root, tree, tmp_path, tmp_path / "m").codemod(body + "\nreturn node")
+    B.forge_lock(root, "fix-two")
+    before = B.tree_digest(tree)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, env={"FIXPACK_TEST_TREE": str(tree), "FIXPACK_SANDBOX": "hook"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and msg in out, out[-2000:]
+    assert "outside its targets" not in out  # refused before anything changed
+    assert B.tree_digest(tree) == before
+
+
+def test_bad_sandbox_value_is_a_configuration_error(tmp_path):
+    root, tree = L.copy_pack("basic", tmp_path)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, env={"FIXPACK_SANDBOX": "off"})
+    assert r.returncode == 2 and "FIXPACK_SANDBOX=off: expected one of auto, landlock, hook" in r.stdout + r.stderr
