@@ -203,7 +203,9 @@ def dequantize(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
     Every value is exact in bf16 as well. Scale code 0 decodes as 2**-127 (torchao and
     transformers do the same; vLLM's torch reader gives 0 there: the converter never writes code
-    0 for real weights, only for blocks whose amax is below 2**-124).
+    0 for real weights, only for blocks whose amax is below 2**-124). In "even" mode a block whose
+    amax is at least 1.75 * 2**127 gets scale 2**126 and its saturated elements decode to +-inf in
+    every reader (6 * 2**126 exceeds float32); real weights are nowhere near.
     """
     packed = np.asarray(packed, dtype=np.uint8)
     scales = np.asarray(scales, dtype=np.uint8)
@@ -217,7 +219,8 @@ def dequantize(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
     factor = np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32)
     if np.any(scales == 255):
         factor = np.where(scales == 255, np.float32(np.nan), factor)
-    vals = vals.reshape(*packed.shape[:-1], k // BLOCK, BLOCK) * factor[..., None]
+    with np.errstate(over="ignore"):  # "even" near the bf16 maximum: 6 * 2**126 is beyond float32
+        vals = vals.reshape(*packed.shape[:-1], k // BLOCK, BLOCK) * factor[..., None]
     return vals.reshape(*packed.shape[:-1], k).astype(np.float32)
 
 
