@@ -37,7 +37,8 @@ def _fast(argv):
     sel = already_applied(pack, opts["--profile"], names, opts.get("--port"), root, state_dir)
     if sel is None:
         return False
-    print(f"{opts['--profile']}: already applied ({len(sel['steps'])} fixes, all files at their pins)")
+    kept = f"; port {sel['port']} kept from the image build" if sel.get("port") and "--port" not in opts else ""
+    print(f"{opts['--profile']}: already applied ({len(sel['steps'])} fixes, all files at their pins{kept})")
     return True
 
 

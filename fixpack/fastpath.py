@@ -71,6 +71,8 @@ def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str
         return None
     if os.path.exists(os.path.join(state_dir, "journal.json")):
         return None
+    if port is None and isinstance(state.get("port"), str):
+        port = state["port"]  # a port applied at image build stays applied at container start
     want = [s for s in lock.get("selections", []) if s.get("port") == port and sorted(s.get("opt_in", [])) == sorted(opt_ins)]
     if len(want) != 1 or state.get("key") != want[0]["key"]:
         return None

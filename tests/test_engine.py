@@ -282,12 +282,20 @@ def test_a_port_is_the_layer_below_the_profile_and_is_never_dropped_silently(tmp
     assert "return x + 2" in read(tree, "pkg_a/sub/other.py") and "enumerate(ids)" in read(tree, "pkg_a/sub/other.py")
     r = apply_all("--profile", "test", "--port", "demo", "fix-opt", "--root", str(tree), "--pack", str(root))
     assert r.returncode == 0 and "already applied" in r.stdout
-    # forgetting --port at container start must not unwind the port
+    # a container start that does not name the port keeps the one the state record shows applied
     before = hashes(tree)
     r = fixpack("apply", "--profile", "test", "--root", str(tree), "fix-opt", pack=root)
-    assert r.returncode == 2 and "--port demo" in r.stderr
+    assert r.returncode == 0 and "keeping port demo" in r.stdout and "already applied" in r.stdout, r.stdout + r.stderr
+    r = apply_all("--profile", "test", "fix-opt", "--root", str(tree), "--pack", str(root))
+    assert r.returncode == 0 and "port demo kept" in r.stdout, r.stdout + r.stderr
     assert hashes(tree) == before
     state = json.loads((tree / ".fixpack" / "state.json").read_text())
     assert state["port"] == "demo" and state["steps"][0]["layer"] == "port:demo"
+    # without a state record the files still show the port: never unwound because a command line forgot it
+    (tree / ".fixpack" / "state.json").rename(tree / ".fixpack" / "state.json.away")
+    r = fixpack("apply", "--profile", "test", "--root", str(tree), "fix-opt", pack=root)
+    assert r.returncode == 2 and "--port demo" in r.stderr, r.stdout + r.stderr
+    assert hashes(tree) == before
+    (tree / ".fixpack" / "state.json.away").rename(tree / ".fixpack" / "state.json")
     assert fixpack("revert", "--all", "--profile", "test", "--root", str(tree), pack=root).returncode == 0
     assert hashes(tree) == hashes(root / "pristine")

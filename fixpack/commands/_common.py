@@ -35,7 +35,7 @@ def profile_name(args, pack) -> str:
     raise ConfigError(f"--profile is required (profiles: {', '.join(names) or 'none'})")
 
 
-def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False, check_pack: bool = True):
+def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False, check_pack: bool = True, keep_applied_port: bool = False):
     from fixpack.engine import Engine, Reporter
     from fixpack.lockfile import Lock
     from fixpack.store import Store
@@ -49,6 +49,14 @@ def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = Tru
     found = locate(profile.packages, root)
     require(found, profile.packages, root)
     store = Store(args.state_dir.resolve() if args.state_dir else default_state_dir(found, root))
+    if port_obj is None and keep_applied_port:
+        # A container start names the profile and its opt-ins; the port applied at image build stays.
+        state = store.read_state()
+        applied_port = state.get("port") if isinstance(state, dict) and not state.get("__corrupt__") else None
+        if isinstance(applied_port, str) and applied_port in pack.port_names():
+            port_obj = pack.port(applied_port)
+            if not (quiet or args.json):
+                print(f"keeping port {applied_port}: applied at image build (state record {store.state_path}); `fixpack revert --all` removes it")
     lock = Lock.load(profile.lock_path) if pinned else None
     return Engine(pack, profile, port_obj, list(opt_ins), found, store, lock, report=Reporter(quiet=quiet or args.json), check_pack=check_pack)
 

@@ -17,7 +17,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    engine = make_engine(args, opt_ins=args.opt_in, port=args.port)
+    engine = make_engine(args, opt_ins=args.opt_in, port=args.port, keep_applied_port=True)
     engine.timeout = args.timeout
     engine.lock_wait = args.lock_wait
     rc = engine.apply(dry_run=args.dry_run)

@@ -1,0 +1,94 @@
+"""The serving page's launch line, run as the page writes it, in an image the port was installed in.
+
+The image is a scratch tree of the real v0.26.0 release prepared by the port's
+``install.sh --root`` (the port's patches and the profile's defaults). The packages are found
+the way an image finds them (on the Python path, no ``--root``), and the line does not name the
+port: the engine keeps the port the state record shows applied at image build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SEEDS = REPO.parent / "shared" / "seeds"
+PORT = "glm-5-3-flash"
+
+# Copied from the GLM-5.3-Flash serving page's launch block, character for character.
+SEED_LINE = 'python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 glm47-streaming-text-markers || exit 1'
+
+pytestmark = pytest.mark.release
+
+
+def _fixpack(*args, env=None):
+    e = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "fixpack", *args], capture_output=True, text=True, env=e)
+
+
+def test_the_copied_line_is_the_seeds_line():
+    pages = sorted(SEEDS.glob("000_*.txt")) if SEEDS.is_dir() else []
+    if not pages:
+        pytest.skip("the seeds folder is not beside this checkout")
+    assert SEED_LINE in pages[0].read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> Path:
+    tree = tmp_path_factory.mktemp("image") / "site-packages"
+    made = _fixpack("sources", "tree", str(tree), "--profile", "v0.26.0")
+    if made.returncode != 0:
+        pytest.skip(f"release sources unavailable: {made.stderr.strip()[-300:]}")
+    env = dict(os.environ, COOKBOOK=str(REPO), PYTHON=sys.executable, GLM5_NEXT_MHC_SINKHORN="torch")
+    env.pop("PYTHONPATH", None)
+    inst = subprocess.run(["bash", str(REPO / "ports" / PORT / "install.sh"), "--root", str(tree), "--no-plugin"], capture_output=True, text=True, env=env, timeout=900)
+    assert inst.returncode == 0, (inst.stdout + inst.stderr)[-4000:]
+    return tree
+
+
+def _launch(tree: Path) -> subprocess.CompletedProcess:
+    """The line verbatim in bash, with the image's python3 first on PATH and its packages on the path."""
+    env = dict(os.environ, COOKBOOK=str(REPO), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(tree))
+    return subprocess.run(["bash", "-c", SEED_LINE], capture_output=True, text=True, env=env, timeout=600)
+
+
+def _verify(tree: Path) -> dict:
+    v = _fixpack("verify", "--profile", "v0.26.0", "--root", str(tree), "--json")
+    assert v.returncode == 0, v.stdout + v.stderr
+    return json.loads(v.stdout)
+
+
+def test_the_seeds_launch_line_runs_verbatim_and_keeps_the_port(image):
+    first = _launch(image)
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-4000:]
+    assert f"keeping port {PORT}" in out
+    assert "glm47-streaming-text-markers" in out and "applied" in out
+    state = _verify(image)
+    assert state["applied"]["port"] == PORT and state["applied"]["opt_in"] == ["glm47-streaming-text-markers"]
+    fixes = [f["fix"] for f in state["fixes"]]
+    assert fixes[:4] == ["nope-mla-kpe-view", "synced-loader-return", "kda-cache-group", "decode-layer-group"]
+    assert fixes[-1] == "glm47-streaming-text-markers"
+    assert state["drift"] is False and all(f["status"] == "applied" for f in state["fixes"])
+
+    again = _launch(image)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "already applied" in again.stdout and f"port {PORT} kept" in again.stdout
+    assert _verify(image)["fixes"] == state["fixes"]
+
+
+def test_the_door_passes_on_a_refusal(image, tmp_path):
+    """The door's exit code is the engine's: a tree that is not the release stops the launch."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "vllm").mkdir()
+    (bad / "vllm_gaudi").mkdir()
+    env = dict(os.environ, COOKBOOK=str(REPO), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(bad))
+    r = subprocess.run(["bash", "-c", SEED_LINE + "; echo launched"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1 and "launched" not in r.stdout  # `|| exit 1` stops the container start
+    assert "base mismatch" in r.stderr or "not found" in r.stderr, r.stderr[-2000:]
