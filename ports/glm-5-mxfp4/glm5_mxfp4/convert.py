@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 from . import __version__, mxfp4, st
-from .output import Dest, crashpoint, dump, load, write_atomic
+from .output import Dest, dump, load, write_atomic
 from .pipeline import convert_unit, out_specs
 from .progress import Progress
 from .source import COPIED_FILES, INDEX, InputError, Source
@@ -107,12 +107,14 @@ class Worker:
         self._mkdir(self.dest.root)
         for sub in ("", "units", "claims"):
             self._mkdir(os.path.join(self.dest.state, sub))
+        lock = os.path.join(self.dest.state, "lock")
+        if not os.path.exists(lock):
+            self.created.append(lock)
         with self.dest.locked():
             have = self.dest.existing_plan()
-            if have is None:
-                self.dest.create_plan(self.plan)
+            if have is None and self.dest.create_plan(self.plan):
                 self.created.append(self.dest.plan_path)
-            else:
+            elif have is not None:
                 why = _plan_mismatch(have, self.plan)
                 if why:
                     raise InputError(f"{self.dest.plan_path}: DST already holds another conversion ({why})")
@@ -175,10 +177,7 @@ class Worker:
         for path in reversed(self.created):
             try:
                 if os.path.isdir(path):
-                    lock = os.path.join(path, "lock")
-                    if os.path.isfile(lock) and len(os.listdir(path)) == 1:
-                        os.unlink(lock)
-                    os.rmdir(path)
+                    os.rmdir(path)  # only if empty: another worker's files stay
                 else:
                     os.unlink(path)
             except OSError:

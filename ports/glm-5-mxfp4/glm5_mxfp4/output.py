@@ -109,9 +109,9 @@ class Dest:
         finally:
             os.close(fd)
 
-    def create_plan(self, plan: dict) -> None:
-        """Publish the plan unless one exists (several workers may start at once)."""
-        tmp = f"{self.plan_path}.{os.getpid()}.tmp"
+    def create_plan(self, plan: dict) -> bool:
+        """Publish the plan unless one exists; called under `locked()`. True if this call made it."""
+        tmp = tmp_name(self.plan_path)
         with open(tmp, "wb") as f:
             f.write(dump(plan))
             f.flush()
@@ -119,12 +119,14 @@ class Dest:
         crashpoint("plan: written, before link")
         try:
             os.link(tmp, self.plan_path)
+            made = True
         except FileExistsError:
-            pass
+            made = False
         finally:
             os.unlink(tmp)
         fsync_dir(self.state)
         crashpoint("plan: linked")
+        return made
 
     def claims(self) -> dict[str, list[str]]:
         d = os.path.join(self.state, "claims")

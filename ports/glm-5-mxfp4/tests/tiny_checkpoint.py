@@ -45,6 +45,9 @@ def make(path: str, num_hidden_layers: int = 3, n_routed_experts: int = 8, seed:
         for name, p in model.named_parameters():
             if ".mlp.experts." in name:
                 p.normal_(0.0, 0.02)
+        for name, b in model.named_buffers():  # kept in fp32 in the release, as transformers loads it
+            if name.endswith("e_score_correction_bias"):
+                b.data = b.data.float()
     model.save_pretrained(path, max_shard_size=shard_size)
     index_path = os.path.join(path, "model.safetensors.index.json")
     with open(index_path) as f:
