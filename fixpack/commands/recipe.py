@@ -237,41 +237,24 @@ def write_readme(path: Path, block: str, title: str) -> str:
 
 
 # --------------------------------------------------------------------------- checking
-def switch_problem(value: str, spec) -> str | None:
-    """Why ``value`` is not valid for the port switch described by ``spec``, or None.
+def switch_problem(port, name: str, value: str) -> str | None:
+    """Why ``value`` is not valid for switch ``name`` of ``port``, or None.
 
-    Understood keys of a port.yaml switch: default, choices (or values), type (bool, int,
-    str), min, max. Without choices or type, the default's type decides."""
-    if not isinstance(spec, dict):
-        spec = {"default": spec}
-    choices = spec.get("choices", spec.get("values"))
-    if choices is not None:
-        allowed = [str(c) for c in choices]
-        if value not in allowed:
-            return f"{value!r} is not one of {', '.join(allowed)}"
-        return None
-    kind = spec.get("type")
-    default = spec.get("default")
-    if kind is None:
-        kind = "bool" if isinstance(default, bool) else "int" if isinstance(default, int) else "str"
-    if kind == "bool":
-        if value not in ("0", "1"):
-            return f"{value!r} is not 0 or 1"
-        return None
-    if kind == "int":
-        try:
-            n = int(value)
-        except ValueError:
-            return f"{value!r} is not an integer"
-        lo, hi = spec.get("min"), spec.get("max")
-        if lo is not None and n < lo:
-            return f"{n} is below the minimum {lo}"
-        if hi is not None and n > hi:
-            return f"{n} is above the maximum {hi}"
-        return None
-    if value == "":
-        return "the value is empty"
-    return None
+    The port's own parser decides: ``<port>/<plugin package>/switches.py``, the module its
+    plugin reads the switches with, so a recipe cannot hold a value the plugin would read
+    differently or refuse."""
+    import importlib.util
+    import sys
+
+    package = (port.data.get("plugin") or {}).get("package") or ""
+    path = port.dir / package / "switches.py"
+    if not package or not path.is_file():
+        return f"port {port.name} declares switches but has no switch parser at {path}"
+    module = f"_fixpack_switches_{package}"
+    spec = importlib.util.spec_from_file_location(module, path)
+    parser = sys.modules[module] = importlib.util.module_from_spec(spec)  # dataclasses look the module up
+    spec.loader.exec_module(parser)
+    return parser.recipe_value_problem(name, port.data["switches"][name], value, where=str(port.dir / "port.yaml"))
 
 
 def switch_prefix(names: list[str]) -> str | None:
@@ -354,7 +337,7 @@ def check_recipe(recipe: Recipe, pack) -> list[dict]:
         elif name not in declared:
             bad(item, f"switch {name} is not a switch of port {port.name} (port.yaml switches: {', '.join(declared) or 'none'})")
         else:
-            problem = switch_problem(str(value), declared[name])
+            problem = switch_problem(port, name, str(value))
             if problem:
                 bad(item, f"switch {name}={value}: {problem}")
             else:

@@ -1,11 +1,14 @@
 """GLM-5.3-Flash (glm5_next) in plain PyTorch, written for the Gaudi port.
 
-The model mirrors transformers 5.23.0 ``modeling_glm5_next.py`` block by block;
-``kda/`` holds the KDA kernels, ``mhc.py`` the hyper-connections, ``weights.py``
-the checkpoint-name mapping and ``config.py`` what the port can serve.
+``layers/``     the model's layers (norm, MoE, KDA layer, MLA + indexer, mHC parameters, vision)
+``reference.py`` the parity model the tests compare with transformers 5.23.0 block by block
+``vllm/``       the vLLM 0.26.0 model, loader and config check, built from the same layers
+``kda/``        the KDA kernels; ``mhc.py`` the hyper-connection math
+``switches.py`` the GLM5_NEXT_* switches, parsed from port.yaml
+``weights.py``  checkpoint names; ``config.py`` what the port can serve
 """
 
-__all__ = ["config", "kda", "mhc", "model", "register", "weights"]
+__all__ = ["config", "kda", "layers", "mhc", "reference", "register", "switches", "weights"]
 
 
 def register() -> None:

@@ -11,7 +11,7 @@ registry, and idempotent. The model class is registered in the lazy ``"module:Cl
 string form: nothing of the model (or of torch kernels) is imported until vLLM builds it.
 
 Source patches are NOT applied from here: a plugin runs after vLLM's modules are imported,
-so editing their files would not change the running process (seed 001, "What it taught").
+so editing their files would not change the running process.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from transformers import Glm5NextConfig
 from transformers.models.glm5_next import modeling_glm5_next as ref
 
-from glm5_next_hpu.model import Glm5NextForConditionalGeneration
+from glm5_next_hpu.reference import Glm5NextReference
 from glm5_next_hpu.weights import load_weights
 
 IMAGE_TOKEN = 250
@@ -99,7 +99,7 @@ def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
 @dataclass
 class Pair:
     ref: torch.nn.Module
-    port: Glm5NextForConditionalGeneration
+    port: Glm5NextReference
     config: Glm5NextConfig
     ckpt: dict
 
@@ -107,7 +107,7 @@ class Pair:
 def build_pair(seed: int = 0, **kw) -> Pair:
     model, cfg = build_reference(seed, **kw)
     ckpt = checkpoint_tensors(model)
-    port = Glm5NextForConditionalGeneration(cfg).eval()
+    port = Glm5NextReference(cfg).eval()
     load_weights(port, ckpt.items())
     return Pair(model, port, cfg, ckpt)
 

@@ -6,7 +6,7 @@ Weights reach the port only through the reference's checkpoint-format state dict
 import pytest
 import torch
 
-from glm5_next_hpu.model import Glm5NextCache
+from glm5_next_hpu.reference import Glm5NextCache
 from reference_harness import image_inputs, max_abs
 
 

@@ -35,7 +35,7 @@ def test_importing_the_plugin_module_imports_no_model_code():
 
     code = (
         "import sys; import glm5_next_hpu.vllm_plugin as p; "
-        "bad=[m for m in sys.modules if m.startswith(('glm5_next_hpu.vllm.', 'glm5_next_hpu.model', 'glm5_next_hpu.kda', 'torch'))]; "
+        "bad=[m for m in sys.modules if m.startswith(('glm5_next_hpu.vllm.', 'glm5_next_hpu.reference', 'glm5_next_hpu.layers', 'glm5_next_hpu.kda', 'torch'))]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PORT_DIR)
@@ -82,7 +82,7 @@ def test_load_general_plugins_registers_the_architecture_lazily_and_twice_is_fin
 
 @needs_vllm
 def test_registered_class_is_hybrid_with_inner_state():
-    """The seed's silent defect: without is_hybrid every KDA layer was skipped."""
+    """Without is_hybrid vLLM allocates no KDA state and every KDA layer is silently skipped."""
     from glm5_next_hpu.vllm_plugin import register
     from vllm import ModelRegistry
 
@@ -98,30 +98,62 @@ def test_registered_class_is_hybrid_with_inner_state():
 # ----------------------------------------------------------------------------- switches
 
 
-def test_switch_defaults_match_port_yaml():
+def test_switches_are_declared_once_in_port_yaml():
     yaml = pytest.importorskip("yaml")
-    from glm5_next_hpu.vllm.switches import SPEC, read_switches
+    from dataclasses import fields
 
-    spec = yaml.safe_load((PORT_DIR / "port.yaml").read_text())["switches"]
-    assert set(spec) == set(SPEC)
-    for name, (default, kind, extra) in SPEC.items():
-        assert spec[name]["default"] == default, name
-        assert spec[name].get("reference") == extra.get("reference"), name
-    s = read_switches({})
-    assert (s.vision, s.image_max_tokens, s.kda_scan, s.decode_layer_group, s.mhc_sinkhorn) == (True, 2048, True, 45, "kernel")
-    ref = read_switches({"GLM5_NEXT_KDA_SCAN": "0", "GLM5_NEXT_DECODE_LAYER_GROUP": "1", "GLM5_NEXT_MHC_SINKHORN": "torch"})
-    assert ref.reference_path
+    from glm5_next_hpu import switches as sw
+
+    declared = yaml.safe_load((PORT_DIR / "port.yaml").read_text())["switches"]
+    spec = sw.load_spec(PORT_DIR / "port.yaml")
+    assert list(spec) == list(declared)
+    assert {sw.field_name(n) for n in spec} == {f.name for f in fields(sw.Switches)}
+    # No other file of the package names a default: the parser's output is port.yaml's.
+    s = sw.read_switches({}, spec)
+    assert (s.vision, s.image_max_tokens, s.kda_scan, s.decode_layer_group, s.mhc_sinkhorn) == (True, 2048, None, 45, "kernel")
+    assert {n: x.reference for n, x in spec.items() if x.reference is not None} == {
+        "GLM5_NEXT_KDA_SCAN": False, "GLM5_NEXT_DECODE_LAYER_GROUP": 1, "GLM5_NEXT_MHC_SINKHORN": "torch",
+    }
+    assert sw.port_yaml() == PORT_DIR / "port.yaml"
 
 
 @pytest.mark.parametrize("name, value", [
     ("GLM5_NEXT_VISION", "maybe"), ("GLM5_NEXT_IMAGE_MAX_TOKENS", "0"), ("GLM5_NEXT_DECODE_LAYER_GROUP", "46"),
-    ("GLM5_NEXT_MHC_SINKHORN", "tpc"), ("GLM5_NEXT_KDA_SCAN", "2"),
+    ("GLM5_NEXT_MHC_SINKHORN", "tpc"), ("GLM5_NEXT_KDA_SCAN", "2"), ("GLM5_NEXT_VISION", "auto"),
 ])
 def test_bad_switch_values_stop_with_the_variable_named(name, value):
-    from glm5_next_hpu.vllm.switches import SwitchError, read_switches
+    from glm5_next_hpu.switches import SwitchError, read_switches
 
     with pytest.raises(SwitchError, match=name):
         read_switches({name: value})
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"default": 1, "type": "float"}, "type 'float' is not one of bool, int, str"),
+    ({"type": "bool"}, "missing key 'default'"),
+    ({"default": 2, "type": "bool"}, "default 2: '2' is not 0 or 1"),
+    ({"default": 1, "type": "int", "min": 2}, "default 1: 1 is below the minimum 2"),
+    ({"default": "x", "choices": ["a", "b"]}, "default 'x': 'x' is not one of a, b"),
+    ({"default": 1, "typo": 1}, "unknown key(s) typo"),
+])
+def test_a_bad_switch_declaration_names_the_file_and_the_switch(entry, message):
+    from glm5_next_hpu.switches import SwitchError, parse_spec
+
+    with pytest.raises(SwitchError) as info:
+        parse_spec({"GLM5_NEXT_X": entry}, where="some/port.yaml")
+    assert str(info.value).startswith("some/port.yaml: switches.GLM5_NEXT_X: ") and message in str(info.value)
+
+
+def test_recipe_values_go_through_the_same_parser():
+    from glm5_next_hpu.switches import recipe_value_problem
+
+    entry = {"default": "auto", "type": "bool"}
+    assert recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "1") is None
+    assert recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "auto") is None
+    # Accepted by the plugin, but a recipe (and the launch block it renders) writes 1/0.
+    assert recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "yes") == "'yes' is not 0 or 1: a recipe writes '1'"
+    assert "is not 0 or 1" in recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "2")
+    assert recipe_value_problem("GLM5_NEXT_N", {"default": 4, "max": 8}, "9") == "9 is above the maximum 8"
 
 
 # ----------------------------------------------------------------------------- config.json
@@ -199,10 +231,10 @@ def test_config_json_refuses_prefix_caching(config_json):
 def ckpt_and_model():
     from reference_harness import build_reference, checkpoint_tensors
 
-    from glm5_next_hpu.model import Glm5NextForConditionalGeneration
+    from glm5_next_hpu.reference import Glm5NextReference
 
     ref, cfg = build_reference()
-    return checkpoint_tensors(ref), lambda: Glm5NextForConditionalGeneration(cfg), cfg
+    return checkpoint_tensors(ref), lambda: Glm5NextReference(cfg), cfg
 
 
 def test_loader_maps_every_checkpoint_key_to_one_parameter_by_bytes(ckpt_and_model):

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from glm5_next_hpu.config import UnsupportedConfigError, validate_config
-from glm5_next_hpu.model import Glm5NextForConditionalGeneration
+from glm5_next_hpu.reference import Glm5NextReference
 from glm5_next_hpu.weights import Target, load_weights, map_checkpoint_key
 from reference_harness import build_reference
 
 
 def test_every_checkpoint_key_loads_and_every_port_parameter_is_filled(tiny):
-    port = Glm5NextForConditionalGeneration(tiny.config)
+    port = Glm5NextReference(tiny.config)
     loaded = load_weights(port, tiny.ckpt.items())
     assert loaded == set(tiny.ckpt)
     ref_sd = tiny.ref.state_dict()
@@ -43,7 +43,7 @@ def test_key_mapping_for_experts_and_mtp_layers():
 
 
 def test_unknown_key_and_wrong_shape_and_missing_tensor_raise(tiny):
-    port = Glm5NextForConditionalGeneration(tiny.config)
+    port = Glm5NextReference(tiny.config)
     items = dict(tiny.ckpt)
     with pytest.raises(KeyError, match="no port parameter"):
         load_weights(port, [*items.items(), ("model.language_model.layers.0.self_attn.bogus", torch.zeros(1))])
@@ -92,4 +92,4 @@ def test_validate_config_rejects_what_the_port_cannot_serve(cfg, kwargs, overrid
 
 def test_model_construction_fails_fast_on_prefix_caching(cfg):
     with pytest.raises(UnsupportedConfigError, match="prefix caching"):
-        Glm5NextForConditionalGeneration(cfg, prefix_caching=True)
+        Glm5NextReference(cfg, prefix_caching=True)

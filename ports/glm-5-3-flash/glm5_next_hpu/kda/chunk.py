@@ -9,7 +9,8 @@ Per chunk of C = 64 tokens, with G the inclusive cumulative log-decay inside the
     o = Aqk u + (q * exp(G) - Aqk w) S_in
     S_out = M S_in + B,  M = diag(exp(G_C)) - k~^T w,  B = k~^T u,  k~ = k * exp(G_C - G)
 
-Three numerical choices, each forced by real inputs:
+``naive.naive_chunk_kda`` is these equations written out directly; this module computes
+the same thing with a memory plan. Four numerical choices, each forced by real inputs:
 
 * No all-pairs decay tensor. The reference materialises exp(G_i - G_j) for every
   (i, j, k) of every chunk at once (8.6 GB at 4K tokens x 64 heads). The cheap
@@ -19,14 +20,17 @@ Three numerical choices, each forced by real inputs:
   against the columns in its first half is anchored at the boundary a = G of the first
   half's last row: exp(G_i - a) and exp(a - G_j) both lie in (0, 1], so the block is an
   exact matmul of bounded factors. Only the diagonal (exp(0) = 1) is left over.
+* Every exponent is floored at EXP_FLOOR before exp, so no factor and no product of two
+  factors with the inputs is a subnormal float (see EXP_FLOOR).
 * (I + L)^-1 by blocked forward substitution: the four 16 x 16 diagonal blocks by a
   triangular solve (forward substitution), then block rows in four dependent stages.
   Nilpotent doubling (I - L)(I + L^2)(I + L^4)... is exact in algebra but cancels
-  catastrophically in fp32 when keys are correlated and beta is near 1 (seed 001:
-  rows 32-63 of every chunk wrong on real inputs).
+  catastrophically in fp32 when keys are correlated and beta is near 1 (rows 32-63 of
+  every chunk come out wrong; ``test_nilpotent_doubling_inverse_fails_where_port_passes``).
 * The carry between chunks (``scan.py``): the affine map S -> M S + B scanned in
-  log2(N) levels (the default, flat op count for Gaudi's lazy mode), or the sequential
-  loop over chunks (fewer flops: the faster path on CPU).
+  log2(N) levels (flat op count, what Gaudi's lazy mode needs), or the sequential loop
+  over chunks (fewer flops: the faster path on CPU). ``use_scan`` chooses; by default the
+  scan on HPU and the sequential loop elsewhere.
 
 Layout: chunk-major, [N, R, C, X] flattened to [N*R, C, X] (R = batch * heads), so one
 chunk of every head is a contiguous [R, C, X] slab for the carry.
@@ -35,15 +39,19 @@ chunk of every head is a contiguous [R, C, X] slab for the carry.
 import torch
 import torch.nn.functional as F
 
-from .gate import l2norm_factor
-from .recurrent import _mask_inputs
-from .scan import scan_enabled, scan_states, sequential_chunk_scan
+from .scan import default_use_scan, scan_states, sequential_chunk_scan
+from .utils import l2norm_factor, mask_inputs, resolve_scale
 
 BLOCK = 16
-# exp is an order of magnitude slower on CPU for arguments below about -87 (the underflow
-# path), and factors under exp(-80) ~ 2e-35 are far below fp32 resolution of the O(1)
-# terms they are summed with; exponents that can go that low are clamped first.
-EXP_FLOOR = -80.0
+# Saturated gates drive exponents far below what fp32 resolves: exp(-300) next to O(1)
+# terms is zero to fp32, but exp of -87 .. -104 is a subnormal, and so are products of
+# small normal factors. Matmuls and elementwise ops on subnormals take a microcode path
+# that is an order of magnitude slower on many CPUs (and the flush-to-zero mode is per
+# thread). Flooring every exponent at -30 keeps every factor >= e^-30 ~ 9e-14, far below
+# fp32 resolution of the sums it enters (2^-23 ~ 1.2e-7), so the float64 accuracy is
+# unchanged, while the product of two floored factors with the O(1e-2) normalised q and k,
+# e^-60 * 1e-4 ~ 1e-30, is still a normal float (>= 1.2e-38).
+EXP_FLOOR = -30.0
 
 
 def chunk_kda(
@@ -52,26 +60,42 @@ def chunk_kda(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
+    scale: float | None = None,
     initial_state: torch.Tensor | None = None,
-    output_final_state: bool = True,
-    use_qk_l2norm_in_kernel: bool = True,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
     mask: torch.Tensor | None = None,
     chunk_size: int = 64,
     use_scan: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q, k, g: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]; initial_state [B, H, K, V].
+    """KDA prefill, chunk by chunk, in fp32.
 
-    ``mask`` [B, T] (True = real token) removes padding from the recurrence: a masked
-    position gets q = k = v = 0, g = 0 and beta = 0, which makes its step the identity.
-    ``use_scan`` None reads GLM5_NEXT_KDA_SCAN (default on). Computes in fp32; returns
-    (o [B, T, H, V] in q's dtype, final fp32 state [B, H, K, V] or None).
+    Args:
+        q: [B, T, H, K] queries.
+        k: [B, T, H, K] keys.
+        v: [B, T, H, V] values.
+        g: [B, T, H, K] per-channel log-decay (<= 0).
+        beta: [B, T, H] write strength in (0, 1).
+        scale: query scale; None means K ** -0.5.
+        initial_state: [B, H, K, V] state before the first token, or None for zeros.
+        output_final_state: return the state after the last token.
+        use_qk_l2norm_in_kernel: l2-normalise q and k over K first.
+        mask: [B, T] bool, True = real token. A masked position gets q = k = v = 0, g = 0
+            and beta = 0, which makes its step the identity.
+        chunk_size: C, a power of two and a multiple of 16.
+        use_scan: True: the Hillis-Steele carry (flat op count); False: the sequential
+            carry (fewer flops); None: the scan when q is on HPU, the sequential carry
+            elsewhere. Never read from the environment: callers pass their switches.
+
+    Returns (o [B, T, H, V] in q's dtype, final fp32 state [B, H, K, V] or None).
     """
     if chunk_size % BLOCK or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two and a multiple of {BLOCK}, got {chunk_size}")
     dtype = q.dtype
+    use_scan = default_use_scan(q.device) if use_scan is None else use_scan
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
     if mask is not None:
-        q, k, v, g, beta = _mask_inputs(mask, q, k, v, g, beta)
+        q, k, v, g, beta = mask_inputs(mask, q, k, v, g, beta)
     Bsz, T, H, K = k.shape
     V = v.shape[-1]
     C = chunk_size
@@ -86,7 +110,7 @@ def chunk_kda(
         return x.transpose(0, 1).reshape(N, C, R, x.shape[-1]).transpose(1, 2)
 
     beta_c = chunked(beta)
-    q_scale = K**-0.5
+    q_scale = resolve_scale(scale, K)
     k_scale = 1.0
     if use_qk_l2norm_in_kernel:
         q_scale = chunked(l2norm_factor(q)).mul_(q_scale)
@@ -120,7 +144,7 @@ def chunk_kda(
     torch.mul(chunked(v), beta_c, out=rhs[..., :V].view(N, R, C, V))
     # k~ = k exp(G_C - G) (decay to the chunk end) overwrites beta k, dead from here on.
     G_last = G[:, -1:].clone()
-    decay = G_last.exp().transpose(1, 2)  # [NR, K, 1]
+    decay = G_last.clamp_min(EXP_FLOOR).exp_().transpose(1, 2)  # [NR, K, 1]
     k_tilde = torch.mul(torch.sub(G_last, G, out=G).clamp_min_(EXP_FLOOR).exp_(), kc, out=X[:, :, 0])
     del gamma
     _forward_substitution(W, rhs, buf[: 2 * NR * BLOCK * (V + K)].view(2, NR, BLOCK, V + K))
@@ -134,7 +158,6 @@ def chunk_kda(
     del W, A_qk, buf, kc, G, q_gamma
 
     S0 = q.new_zeros(R, K, V) if initial_state is None else initial_state.float().reshape(R, K, V)
-    use_scan = scan_enabled() if use_scan is None else use_scan
     if use_scan:
         kt_t = k_tilde.transpose(1, 2)
         Mm = torch.bmm(kt_t, w).neg_()
@@ -189,9 +212,7 @@ def _lower_weights(X: torch.Tensor, k: torch.Tensor, G: torch.Tensor, W: torch.T
         # D = exp(G - a) in the second half, exp(a - G) in the first: every exponent <= 0.
         D = torch.sub(Gb, Gb[:, s - 1 : s], out=scratch_d.view(M * nb, 2 * s, K))
         right = D[:, :s].neg_()
-        if s > BLOCK:  # a span of more than 16 tokens can reach EXP_FLOOR
-            D.clamp_min_(EXP_FLOOR)
-        D.exp_()
+        D.clamp_min_(EXP_FLOOR).exp_()
         right.mul_(k.view(M * nb, 2 * s, K)[:, :s])
         left = torch.mul(X.view(M * nb, 2 * s, 2, K)[:, s:], D[:, s:].unsqueeze(2), out=scratch_l.view(M * nb, s, 2, K))
         block = torch.bmm(left.view(M * nb, 2 * s, K), right.transpose(1, 2))

@@ -10,20 +10,20 @@ Every M[n] is a product of contractions (decay <= 1, and I - beta k k^T with
 0 < beta < 1 and unit keys), so composing them in any order has no cancellation problem.
 
 The price is flops: about log2(N) batched K x K products per chunk. The sequential
-carry (``sequential_chunk_scan``, GLM5_NEXT_KDA_SCAN=0) steps through the chunks in
-delta form with a few C x K products each and never forms M: N times more ops, several
-times fewer flops, so it is the faster path on CPU. ``sequential_affine_scan`` is the
-affine form's step-by-step reference for the tests.
+carry (``sequential_chunk_scan``) steps through the chunks in delta form with a few
+C x K products each and never forms M: N times more ops, several times fewer flops, so
+it is the faster path on CPU. ``sequential_affine_scan`` is the affine form's
+step-by-step reference for the tests.
 """
-
-import os
 
 import torch
 
 
-def scan_enabled() -> bool:
-    """GLM5_NEXT_KDA_SCAN=1 (default) selects the Hillis-Steele scan, 0 the sequential loop."""
-    return os.environ.get("GLM5_NEXT_KDA_SCAN", "1") != "0"
+def default_use_scan(device: torch.device) -> bool:
+    """The carry ``chunk_kda`` uses when its caller does not choose: the scan on HPU, where
+    lazy mode records every op of a prompt into a graph and the scan's op count stays flat
+    in the sequence length; the sequential carry elsewhere, where flops are the cost."""
+    return torch.device(device).type == "hpu"
 
 
 def affine_scan(M: torch.Tensor, B: torch.Tensor, S0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

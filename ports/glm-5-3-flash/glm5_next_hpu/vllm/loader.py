@@ -1,7 +1,7 @@
 """Checkpoint key -> exactly one parameter, completeness checked on bytes written.
 
 vllm-gaudi's synced weight loader drops the inner loader's return value, so a completeness
-check built on ``return_success`` mis-reports every expert (seed 001). This loader therefore
+check built on ``return_success`` mis-reports every expert. This loader therefore
 never trusts a return value: it computes the destination region of every tensor itself,
 copies into it, and counts the elements written per parameter. After the stream ends:
 
@@ -15,7 +15,7 @@ Sharding rules travel on the parameters (set by the model at construction):
 
 * ``glm5_view``: reshape the *whole* checkpoint tensor before sharding. The flat ``A_log`` [H]
   becomes [1, 1, H, 1] and is then sharded on dim 2 -- sharding first fails at TP 8 and
-  silently works at TP 1 (seed 001: "TP 8 load fails; TP 1 hides it").
+  silently works at TP 1, so a TP 1 test would hide it.
 * ``glm5_shard_dim``: the dim split across tensor-parallel ranks (None = replicated).
 * ``glm5_fused``: {checkpoint suffix: (row offset, rows)} for a parameter fused from several
   checkpoint tensors (the HPU MLA path's fused q_a / kv_a projection).

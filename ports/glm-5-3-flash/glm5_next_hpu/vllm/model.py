@@ -1,4 +1,4 @@
-"""GLM-5.3-Flash for vLLM 0.26.0, built on the part-1 layers (``glm5_next_hpu.model`` / ``kda`` / ``mhc``).
+"""GLM-5.3-Flash for vLLM 0.26.0, built on the port's layers (``glm5_next_hpu.layers`` / ``kda`` / ``mhc``).
 
 Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
 
@@ -6,9 +6,10 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
   (3*H*K channels x (kernel-1), model dtype) and an fp32 recurrent state (H, K, V), the shapes and
   dtypes of vLLM's ``kda_state_shape`` / ``kda_state_dtype`` -- on the GDN metadata builder
   (``MambaAttentionBackendEnum.GDN_ATTN``: query_start_loc, state indices, has_initial_state).
-  The core runs the port's PyTorch kernels (``chunk_kda`` prefill with the Hillis-Steele carry
-  or the sequential one per ``GLM5_NEXT_KDA_SCAN``, ``fused_recurrent_kda`` decode) inside one
-  custom op, reading and writing the engine's state slots with whole-tensor ``copy_``. It
+  The core runs the port's PyTorch kernels (``chunk_kda`` prefill, ``fused_recurrent_kda``
+  decode) inside one custom op; the carry between prefill chunks is the GLM5_NEXT_KDA_SCAN
+  switch, passed to ``chunk_kda`` as ``use_scan`` (unset: the scan on HPU, the sequential
+  carry on CPU), reading and writing the engine's state slots with whole-tensor ``copy_``. It
   implements only the non-caching state contract, so the model refuses prefix caching.
   Parameter plumbing follows vLLM's Kimi KDA layer (separate q/k/v conv weights, ``A_log`` held
   as [1, 1, H/tp, 1] and reshaped from the flat checkpoint tensor *before* sharding, fp32
@@ -20,12 +21,12 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
   other platforms (HPU) vLLM's ``MultiHeadLatentAttentionWrapper`` with a fused q_a/kv_a
   projection, as the original port did. The DSA indexer is loaded but skipped (dense attention is
   the same function up to index_topk + index_kpool - 1 keys).
-* **MoE / dense MLP / mHC**: the part-1 modules (fp32 sigmoid routing, bias for selection only,
+* **MoE / dense MLP / mHC**: the shared layers (fp32 sigmoid routing, bias for selection only,
   swiglu clamp on routed, shared and dense experts; mHC in the reference op order). The Sinkhorn
   switch: ``torch`` = the reference loop; ``kernel`` = the TPC op on HPU, and on CPU the same
   operation order emulated (``sinkhorn_tpc_order``).
-* ``is_hybrid`` / ``has_inner_state`` set (seed 001: without is_hybrid every KDA layer was
-  silently skipped); the mamba-state classmethods describe the KDA state.
+* ``is_hybrid`` / ``has_inner_state`` set: without ``is_hybrid`` vLLM allocates no mamba state
+  and every KDA layer is silently skipped; the mamba-state classmethods describe the KDA state.
 """
 
 from __future__ import annotations
@@ -56,14 +57,18 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from .. import mhc as port_mhc
 from ..config import UnsupportedConfigError, validate_config
-from ..kda import causal_conv1d, chunk_kda, fused_recurrent_kda, kda_gate
-from ..model import RMSNorm, VisionModel, add_layer_body
+from ..kda import causal_conv1d, chunk_kda, fused_recurrent_kda, gated_rms_norm, kda_gate
+from ..layers.mhc import add_mhc_parameters
+from ..layers.mla import Indexer
+from ..layers.moe import decoder_mlp
+from ..layers.norm import RMSNorm
+from ..layers.vision import VisionModel
+from ..switches import read_switches
 from .loader import load_checkpoint
-from .switches import read_switches
 
 logger = logging.getLogger(__name__)
 
-#: head sizes vLLM 0.26.0's CPU attention backend accepts (REFERENCE.md, measured)
+#: head sizes vLLM 0.26.0's CPU attention backend accepts; the expanded MLA needs one of them
 CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
@@ -107,11 +112,15 @@ direct_register_custom_op(
 
 
 class Glm5NextKDA(nn.Module, MambaBase):
-    """KDA linear attention with GLM's bounded gate, on the engine's mamba state slots."""
+    """KDA linear attention with GLM's bounded gate, on the engine's mamba state slots.
 
-    def __init__(self, config, vllm_config: VllmConfig, prefix: str):
+    ``use_scan`` (the GLM5_NEXT_KDA_SCAN switch) is handed to ``chunk_kda``: True the
+    Hillis-Steele carry, False the sequential one, None the kernel's device default."""
+
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str, use_scan: bool | None = None):
         super().__init__()
         self.prefix = prefix
+        self.use_scan = use_scan
         self.tp_size = get_tensor_model_parallel_world_size()
         if self.tp_size != 1:
             raise UnsupportedConfigError("the plugin's PyTorch KDA layer is written for TP 1 (one device per replica)")
@@ -119,12 +128,16 @@ class Glm5NextKDA(nn.Module, MambaBase):
         self.num_heads, self.head_dim, self.conv_size = H, K, config.linear_conv_kernel_dim
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
-        for name in ("q", "k", "v"):
-            lin = nn.Linear(D, H * K, bias=False)
-            _shard(lin.weight, 0)
-            setattr(self, f"{name}_proj", lin)
-            # vLLM Kimi layout: [H*K/tp, 1, W], fp32.
-            setattr(self, f"{name}_conv1d", _Weight(torch.empty(H * K, 1, self.conv_size, dtype=torch.float32), 0))
+        self.q_proj = nn.Linear(D, H * K, bias=False)
+        self.k_proj = nn.Linear(D, H * K, bias=False)
+        self.v_proj = nn.Linear(D, H * K, bias=False)
+        _shard(self.q_proj.weight, 0)
+        _shard(self.k_proj.weight, 0)
+        _shard(self.v_proj.weight, 0)
+        # vLLM Kimi layout: [H*K/tp, 1, W], fp32.
+        self.q_conv1d = _Weight(torch.empty(H * K, 1, self.conv_size, dtype=torch.float32), 0)
+        self.k_conv1d = _Weight(torch.empty(H * K, 1, self.conv_size, dtype=torch.float32), 0)
+        self.v_conv1d = _Weight(torch.empty(H * K, 1, self.conv_size, dtype=torch.float32), 0)
         self.f_a_proj = nn.Linear(D, K, bias=False)
         self.f_b_proj = nn.Linear(K, H * K, bias=False)
         _shard(self.f_b_proj.weight, 0)
@@ -145,7 +158,7 @@ class Glm5NextKDA(nn.Module, MambaBase):
         if prefix in ctx:
             raise ValueError(f"Duplicate layer name: {prefix}")
         ctx[prefix] = self
-        self.calls = 0  # KDA core calls with real tokens (the seed's "count KDA calls")
+        self.calls = 0  # KDA core calls with real tokens: the end-to-end test checks the layers ran
 
     # --- MambaBase state contract
     @property
@@ -171,10 +184,8 @@ class Glm5NextKDA(nn.Module, MambaBase):
         core = torch.zeros(T, H, K, dtype=x.dtype, device=x.device)
         torch.ops.vllm.glm5_next_kda_core(q, k, v, g.reshape(T, H * K), beta, core, self.prefix)
         gate = self.g_b_proj(self.g_a_proj(x)).view(T, H, K)
-        of = core.float()
-        of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.o_norm.eps)
-        of = self.o_norm.weight.float() * of * torch.sigmoid(gate.float())
-        return self.o_proj(of.to(x.dtype).reshape(T, H * K))
+        o = gated_rms_norm(core, gate, self.o_norm.weight, self.o_norm.eps)
+        return self.o_proj(o.to(x.dtype).reshape(T, H * K))
 
     def _conv_weight(self) -> torch.Tensor:
         return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0).squeeze(1)
@@ -212,10 +223,11 @@ class Glm5NextKDA(nn.Module, MambaBase):
             gg = g[s:e].view(1, L, H, K)
             bb = beta[s:e].view(1, L, H)
             S0 = rec_cache[slot].unsqueeze(0) if init else None
+            kw = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
             if init and L == 1:
-                o, S = fused_recurrent_kda(qq, kk, vv, gg, bb, initial_state=S0)
+                o, S = fused_recurrent_kda(qq, kk, vv, gg, bb, **kw)
             else:
-                o, S = chunk_kda(qq, kk, vv, gg, bb, initial_state=S0)
+                o, S = chunk_kda(qq, kk, vv, gg, bb, **kw, use_scan=self.use_scan)
             rec_cache[slot].copy_(S[0].to(rec_cache.dtype))
             core_out[s:e] = o[0].to(core_out.dtype)
         self.calls += 1
@@ -237,8 +249,6 @@ class Glm5NextMLA(nn.Module):
 
     def __init__(self, config, vllm_config: VllmConfig, prefix: str):
         super().__init__()
-        from ..model import Indexer
-
         D, H = config.hidden_size, config.num_attention_heads
         self.num_heads, self.nope, self.v_dim = H, config.qk_nope_head_dim, config.v_head_dim
         self.q_lora_rank, self.kv_lora_rank = config.q_lora_rank, config.kv_lora_rank
@@ -324,37 +334,42 @@ class _TupleOut(nn.Module):
 
 
 class Glm5NextDecoderLayer(nn.Module):
-    def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str, sinkhorn_tpc: bool):
+    def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str, switches):
         super().__init__()
         self.is_kda = config.layer_types[layer_idx] == "linear_attention"
         attn_prefix = f"{prefix}.self_attn"
-        self.self_attn = (
-            Glm5NextKDA(config, vllm_config, attn_prefix) if self.is_kda else Glm5NextMLA(config, vllm_config, attn_prefix)
+        if self.is_kda:
+            self.self_attn = Glm5NextKDA(config, vllm_config, attn_prefix, use_scan=switches.kda_scan)
+        else:
+            self.self_attn = Glm5NextMLA(config, vllm_config, attn_prefix)
+        self.mlp = decoder_mlp(config, layer_idx)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        add_mhc_parameters(self, config, requires_grad=False)
+        self.hc_args = dict(
+            rms_eps=config.rms_norm_eps,
+            hc_eps=config.hc_eps,
+            iters=config.hc_sinkhorn_iters,
+            tpc_order=switches.mhc_sinkhorn == "kernel",
         )
-        add_layer_body(self, config, layer_idx, requires_grad=False)
-        self.hc_args = dict(rms_eps=config.rms_norm_eps, hc_eps=config.hc_eps, iters=config.hc_sinkhorn_iters, tpc_order=sinkhorn_tpc)
-
-    def _hc(self, half: str, X: torch.Tensor):
-        p = lambda s: getattr(self, f"hc_{half}_{s}")  # noqa: E731
-        return port_mhc.hc_pre(X, p("fn"), p("base"), p("scale"), **self.hc_args)
 
     def forward(self, positions: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """X [1, T, N, D] streams."""
-        post, comb, x = self._hc("attn", X)
+        post, comb, x = port_mhc.hc_pre(X, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, **self.hc_args)
         h = self.input_layernorm(x)[0]
         y = self.self_attn(h) if self.is_kda else self.self_attn(positions, h)
         X = port_mhc.hc_post(y[None], X, post, comb)
-        post, comb, x = self._hc("ffn", X)
+        post, comb, x = port_mhc.hc_pre(X, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, **self.hc_args)
         return port_mhc.hc_post(self.mlp(self.post_attention_layernorm(x)), X, post, comb)
 
 
 class Glm5NextTextModel(nn.Module):
-    def __init__(self, config, vllm_config: VllmConfig, prefix: str, sinkhorn_tpc: bool):
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str, switches):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            Glm5NextDecoderLayer(config, vllm_config, i, f"{prefix}.layers.{i}", sinkhorn_tpc)
+            Glm5NextDecoderLayer(config, vllm_config, i, f"{prefix}.layers.{i}", switches)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -411,13 +426,12 @@ class Glm5NextForConditionalGeneration(nn.Module, HasInnerState, IsHybrid):
         # Refuse prefix caching (and anything else the port cannot serve) at construction.
         validate_config(text, tp_size=vllm_config.parallel_config.tensor_parallel_size, prefix_caching=prefix_caching)
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
-        sinkhorn_tpc = self.switches.mhc_sinkhorn == "kernel"
-        if sinkhorn_tpc and current_platform.is_cpu():
+        if self.switches.mhc_sinkhorn == "kernel" and current_platform.is_cpu():
             logger.info("GLM5_NEXT_MHC_SINKHORN=kernel on CPU: the TPC kernel's operation order, emulated in PyTorch")
         self.config = hf
         self.text_config = text
         self.model = _Container()
-        self.model.language_model = Glm5NextTextModel(text, vllm_config, "model.language_model", sinkhorn_tpc)
+        self.model.language_model = Glm5NextTextModel(text, vllm_config, "model.language_model", self.switches)
         vision_cfg = getattr(hf, "vision_config", None)
         if self.switches.vision and vision_cfg is not None:
             self.model.visual = VisionModel(vision_cfg)
