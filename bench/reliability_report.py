@@ -13,6 +13,9 @@
    and journal lost or corrupted, backups lost, lock held, ...).
 3. concurrency: 8 runs at once, apply against revert, a lock holder killed.
 4. hostile input: every case of tests/hostile_cases.py.
+5. sandbox: every escape of tests/sandbox_cases.py (a fix's process writing outside its
+   targets through libc, which the audit hook cannot see), once under Landlock (refused by
+   the kernel) and once with Landlock forced off (caught and undone by the driver's snapshot).
 
 The CI tests run a sample of each (tests/test_reliability_*.py, tests/test_hostile_input.py).
 """
@@ -34,6 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import hostile_cases as H  # noqa: E402
 import reliability_lib as L  # noqa: E402
+import sandbox_cases as S  # noqa: E402
 
 
 def say(*a):
@@ -86,7 +90,7 @@ def main() -> int:
     ap.add_argument("--real-head", type=int, default=None, help="sample the real profile's points among its first N only (no full enumeration run)")
     ap.add_argument("--jobs", type=int, default=1, help="kill points run in parallel")
     ap.add_argument("--skip-real", action="store_true", help="leave out the v0.26.0 release tree")
-    ap.add_argument("--only", nargs="*", default=["sweep", "faults", "concurrency", "hostile"])
+    ap.add_argument("--only", nargs="*", default=["sweep", "faults", "concurrency", "hostile", "sandbox"])
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = ap.parse_args()
@@ -99,6 +103,17 @@ def main() -> int:
             L.template("basic"), L.template("codemod-first")  # built once, before the threads
             h = run_named([(c.id, (lambda c: lambda w: H.run_case(c, w) and c.what)(c)) for c in H.CASES], work, "hostile", args.jobs)
             figures["hostile"] = {"tried": h["tried"], "refused": h["survived"], "failed": h["failed"]}
+
+        if "sandbox" in args.only:
+            L.template("codemod-first")
+            no_kernel = S.landlock_here()
+            for mode, label in (("landlock", "refused by the kernel"), ("hook", "caught and undone")):
+                if mode == "landlock" and no_kernel:
+                    figures["notes"].append(f"sandbox escapes under Landlock not run: {no_kernel}")
+                    continue
+                say(f"sandbox escapes, {mode}:")
+                r = run_named([(f"{e.id} ({mode})", (lambda e: lambda w: S.run_escape(e, mode, w) and e.what)(e)) for e in S.ESCAPES], work, f"sandbox-{mode}", args.jobs)
+                figures[f"sandbox-{mode}"] = {"tried": r["tried"], "ok": r["survived"], "failed": r["failed"], "label": label}
 
         if "faults" in args.only:
             say("resource faults: an injected ENOSPC at every file write of a run")
@@ -173,6 +188,10 @@ def main() -> int:
     if "hostile" in figures:
         h = figures["hostile"]
         rows.append(("hostile and malformed input", f"{h['tried']} cases", f"{h['refused']} refused as expected", f"{len(h['failed'])} failed"))
+    for mode, what in (("landlock", "a fix's process writing outside its targets by libc: Landlock on"), ("hook", "the same with Landlock forced off (audit hook + snapshot)")):
+        if f"sandbox-{mode}" in figures:
+            x = figures[f"sandbox-{mode}"]
+            rows.append((what, f"{x['tried']} escapes", f"{x['ok']} {x['label']}, tree unchanged", f"{len(x['failed'])} failed"))
     print("| what | tried | outcome | lost / failed |")
     print("|---|---|---|---|")
     for r in rows:
@@ -186,7 +205,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     bad = any(s["files_lost"] or s["recovered"] != s["tried"] for s in figures["sweeps"])
-    bad |= any(figures.get(p, {}).get("failed") for p in ("enospc", "faults", "concurrency", "hostile"))
+    bad |= any(figures.get(p, {}).get("failed") for p in ("enospc", "faults", "concurrency", "hostile", "sandbox-landlock", "sandbox-hook"))
     return 1 if bad else 0
 
 

@@ -274,6 +274,8 @@ class Engine:
             raise
         crashpoint(f"state written for {op} {step['fix']}")
         self.store.clear_journal()
+        if self._watch is not None and self._watch.before:
+            self._watch.driver_wrote([self.path(rel) for rel in changes], self.store.dir)
         return steps
 
     def _roll_back(self, done: list[str], changes: dict[str, tuple[bytes, bytes]], files: dict[str, list[str]]) -> None:
@@ -326,7 +328,8 @@ class Engine:
             "expect": {rel: pins[rel][1] for rel in inputs} if pins else {},
         }
         watch = self._watching()
-        watch.take()
+        if not watch.before:
+            watch.take()
         try:
             proc = self._server().run(job, self.timeout)
         except ServerDied as exc:

@@ -97,6 +97,7 @@ def serve() -> int:
 
     import fixpack.codemod  # noqa: F401
     import fixpack.diffpatch  # noqa: F401
+    import fixpack.landlock  # noqa: F401 - ctypes, for each child's confinement
     import fixpack.worker  # noqa: F401
 
     for line in sys.stdin:

@@ -48,10 +48,15 @@ class Unavailable(OSError):
     """Landlock cannot confine this process (old kernel, disabled, filtered by seccomp)."""
 
 
+_LIBC = None
+
+
 def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc
+    global _LIBC
+    if _LIBC is None:  # once per fork server: every child inherits it
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.syscall.restype = ctypes.c_long
+    return _LIBC
 
 
 def abi_version() -> int:

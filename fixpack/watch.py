@@ -14,6 +14,7 @@ what is left (mode, times: Landlock does not govern metadata) is restored from t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ class TreeWatch:
     keep_bytes: bool
     before: dict[str, Entry] = field(default_factory=dict)
     data: dict[str, bytes] = field(default_factory=dict)
+    digest: dict[str, str] = field(default_factory=dict)  # files too large to keep: their sha256
 
     def take(self) -> None:
         """The snapshot a fix's process is compared with."""
@@ -80,14 +82,19 @@ class TreeWatch:
         if not self.keep_bytes:
             return
         for path, e in self.before.items():
-            if stat.S_ISREG(e[5]) and e[2] <= KEEP_BYTES_UP_TO and (path not in self.data or old.get(path) != e):
+            if stat.S_ISREG(e[5]) and (path not in self.data and path not in self.digest or old.get(path) != e):
                 try:
                     with open(path, "rb") as f:
-                        self.data[path] = f.read()
+                        data = f.read()
                 except OSError:
-                    self.data.pop(path, None)
-        for path in set(self.data) - set(self.before):
-            del self.data[path]
+                    continue
+                if e[2] <= KEEP_BYTES_UP_TO:
+                    self.data[path] = data
+                else:
+                    self.digest[path] = hashlib.sha256(data).hexdigest()
+        for path in (set(self.data) | set(self.digest)) - set(self.before):
+            self.data.pop(path, None)
+            self.digest.pop(path, None)
 
     def start_keeping_bytes(self) -> None:
         if not self.keep_bytes:
@@ -95,13 +102,58 @@ class TreeWatch:
             self.before = {}
             self.take()
 
+    def _same_bytes(self, path: str, old: Entry, new: Entry) -> bool:
+        """Only the ctime moved: a link to the inode was made or removed somewhere (a scratch
+        tree hard-linked from a cache, say), or the bytes were written and the mtime set back.
+        Under Landlock the bytes cannot have changed; else the kept bytes or digest decide."""
+        if old[:4] != new[:4] or old[5:] != new[5:]:
+            return False
+        if not stat.S_ISREG(old[5]) or not self.keep_bytes:
+            return True
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return False
+        if path in self.data:
+            return data == self.data[path]
+        return path in self.digest and hashlib.sha256(data).hexdigest() == self.digest[path]
+
     def changes(self) -> list[Change]:
+        """What differs from the snapshot; the scan made for it is the next fix's snapshot."""
         now = scan(self.roots, self.skip)
-        out = [Change(p, "changed") for p, e in self.before.items() if p in now and now[p] != e]
+        out = [Change(p, "changed") for p, e in self.before.items() if p in now and now[p] != e and not self._same_bytes(p, e, now[p])]
         out += [Change(p, "removed") for p in self.before if p not in now]
         out += [Change(p, "created") for p in now if p not in self.before]
         # files first: a folder changes only because an entry in it did
-        return sorted(out, key=lambda c: (stat.S_ISDIR((self.before.get(c.path) or now.get(c.path))[5]), c.path))
+        out.sort(key=lambda c: (stat.S_ISDIR((self.before.get(c.path) or now.get(c.path))[5]), c.path))
+        if not out:
+            self.before = now
+        return out
+
+    def driver_wrote(self, files: list[Path], state_dir: Path) -> None:
+        """The driver's own writes (a commit: targets renamed, their bytecode dropped, the state
+        folder) are not the next fix's: scan again only the folders they touch."""
+        dirs = {str(f.parent) for f in files}
+        deep = {str(state_dir), *(str(f.parent / "__pycache__") for f in files)}
+        for path in [p for p in self.before if os.path.dirname(p) in dirs or any(p == d or p.startswith(d + os.sep) for d in deep)]:
+            del self.before[path]
+        for d in dirs:
+            try:
+                with os.scandir(d) as it:
+                    for e in it:
+                        if e.path not in self.skip:
+                            self.before[e.path] = _entry(e.stat(follow_symlinks=False))
+            except OSError:
+                continue
+            self.before[d] = _entry(os.lstat(d))
+        self.before.update(scan([Path(d) for d in deep], self.skip))
+        if self.keep_bytes:
+            for f in files:
+                try:
+                    self.data[str(f)] = f.read_bytes()
+                except OSError:
+                    self.data.pop(str(f), None)
 
     def restore(self, changes: list[Change]) -> None:
         """Put back what a fix's process changed: created entries go (deepest first), removed
