@@ -73,9 +73,30 @@ def reference_tokens(ckpt):
 def llm(ckpt):
     from vllm import LLM
 
-    engine = LLM(**_engine_kwargs(ckpt[0]))
+    with pytest.MonkeyPatch.context() as mp:  # the switches at their defaults: variables unset
+        for name in ("GLM5_NEXT_KDA_SCAN", "GLM5_NEXT_VISION", "GLM5_NEXT_MHC_SINKHORN"):
+            mp.delenv(name, raising=False)
+        engine = LLM(**_engine_kwargs(ckpt[0]))
     yield engine
     del engine
+
+
+def _record_carries(monkeypatch) -> dict:
+    """Counts the calls of each KDA carry (the engine runs in this process)."""
+    import glm5_next_hpu.kda.chunk as chunk
+
+    ran = {"scan": 0, "sequential": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            ran[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(chunk, "scan_states", counted("scan", chunk.scan_states))
+    monkeypatch.setattr(chunk, "sequential_chunk_scan", counted("sequential", chunk.sequential_chunk_scan))
+    return ran
 
 
 def _generate(llm, prompts):
@@ -113,6 +134,14 @@ def test_greedy_tokens_batched_equal_transformers(llm, reference_tokens):
     assert llm.apply_model(lambda m: m.kda_calls())[0] - before >= 2 * NEW_TOKENS
 
 
+def test_kda_scan_unset_runs_the_sequential_carry_and_vision_is_built(llm, monkeypatch):
+    ran = _record_carries(monkeypatch)
+    _generate(llm, ck.prompt_ids(N_PROMPTS)[3:5])  # long prompts: several prefill chunks
+    assert ran["sequential"] > 0 and ran["scan"] == 0, ran
+    assert llm.apply_model(lambda m: [layer.self_attn.use_scan for layer in m.model.language_model.layers if layer.is_kda]) == [[None, None]]
+    assert llm.apply_model(lambda m: hasattr(m.model, "visual")) == [True]
+
+
 def test_greedy_tokens_alone_equal_transformers(llm, reference_tokens):
     prompts = ck.prompt_ids(N_PROMPTS)
     for i in (0, 3, 4):  # short, long (chunked prefill), very short
@@ -137,14 +166,23 @@ BF16_LOGPROB_ATOL = 0.05
 NEAR_TIE = 0.05
 
 
-def test_bf16_logprobs_close_and_tokens_equal_up_to_first_near_tie(ckpt, reference_tokens, llm):
+def test_bf16_logprobs_close_and_tokens_equal_up_to_first_near_tie(ckpt, reference_tokens, llm, monkeypatch):
+    """Also the switches as an operator may spell them: this engine runs the scan carry and
+    builds no vision tower (its checkpoint keys are reported as skipped)."""
     from vllm import LLM, SamplingParams, TokensPrompt
 
     _, ref, _ = ckpt
     prompts = ck.prompt_ids(N_PROMPTS)
+    monkeypatch.setenv("GLM5_NEXT_KDA_SCAN", "On")
+    monkeypatch.setenv("GLM5_NEXT_VISION", "FALSE")
     engine = LLM(**_engine_kwargs(ckpt[0], dtype="bfloat16"))
+    ran = _record_carries(monkeypatch)
     sp = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5)
     outs = engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    assert ran["scan"] > 0 and ran["sequential"] == 0, ran
+    assert engine.apply_model(lambda m: hasattr(m.model, "visual")) == [False]
+    skipped = engine.apply_model(lambda m: list(m.load_report.skipped_keys))[0]
+    assert skipped and all(key.startswith("model.visual.") for key in skipped)
     worst = 0.0
     for i, (p, o, want) in enumerate(zip(prompts, outs, reference_tokens)):
         with torch.no_grad():
