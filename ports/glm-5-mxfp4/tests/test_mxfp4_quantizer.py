@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-import adversarial
+import mxfp4_blocks
 from glm5_mxfp4 import mxfp4
 
 torchao_mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
 from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: E402
 
 TORCHAO_MODE = {"floor": ScaleCalculationMode.FLOOR, "even": ScaleCalculationMode.EVEN}
-BLOCKS = adversarial.blocks()
+BLOCKS = mxfp4_blocks.blocks()
 
 
 def torchao_quant(x: torch.Tensor, mode: str):
@@ -71,7 +71,7 @@ def test_packing_low_nibble_is_the_even_element():
 def test_dequantize_equals_torchao_and_transformers(mode):
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    x = adversarial.all_blocks()
+    x = mxfp4_blocks.all_blocks()
     q, s = mxfp4.quantize(x, mode)
     ours = mxfp4.dequantize(q, s)
     ao = torchao_mx.to_dtype(torch.from_numpy(q), torch.from_numpy(s).view(torch.float8_e8m0fnu),

@@ -30,7 +30,7 @@ def main(tree: str, dst: str) -> dict:
     import torch
     from safetensors import safe_open
 
-    import adversarial
+    import mxfp4_blocks
     import vllm
     from glm5_mxfp4 import mxfp4
     from vllm.model_executor.layers.fused_moe import config as C
@@ -41,7 +41,7 @@ def main(tree: str, dst: str) -> dict:
 
     out: dict = {"vllm_file": vllm.__file__}
     # 1. dequantization
-    x = adversarial.all_blocks()
+    x = mxfp4_blocks.all_blocks()
     deq = {}
     for mode in mxfp4.SCALE_MODES:
         q, s = mxfp4.quantize(x, mode)

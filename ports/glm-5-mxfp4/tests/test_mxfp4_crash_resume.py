@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import tiny_checkpoint
-from test_convert import PORT_ROOT, main, tree
+import glm_moe_dsa_tiny
+from test_mxfp4_convert import PORT_ROOT, main, tree
 
 
 def _cmd(src: Path, dst: Path) -> list[str]:
@@ -27,7 +27,7 @@ def _env(**extra) -> dict:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
     # one dense layer and one MoE layer: every kind of write point, as few of them as possible
-    path = Path(tiny_checkpoint.make(str(tmp_path_factory.mktemp("src") / "tiny"), num_hidden_layers=2, mtp=False))
+    path = Path(glm_moe_dsa_tiny.make(str(tmp_path_factory.mktemp("src") / "tiny"), num_hidden_layers=2, mtp=False))
     for name in ("generation_config.json", "tokenizer.json", "chat_template.jinja"):  # fewer copies to kill in
         (path / name).unlink()
     return path

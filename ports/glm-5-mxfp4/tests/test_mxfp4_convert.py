@@ -1,4 +1,4 @@
-"""The converter on a tiny glm_moe_dsa checkpoint made by transformers 5.23.0 (tiny_checkpoint.py)."""
+"""The converter on a tiny glm_moe_dsa checkpoint made by transformers 5.23.0 (glm_moe_dsa_tiny.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import tiny_checkpoint
+import glm_moe_dsa_tiny
 from glm5_mxfp4 import convert, mxfp4
 
 PORT_ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def tree(root: Path, hidden: bool = True) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> Path:
-    return Path(tiny_checkpoint.make(str(tmp_path_factory.mktemp("src") / "GLM-tiny-BF16")))
+    return Path(glm_moe_dsa_tiny.make(str(tmp_path_factory.mktemp("src") / "GLM-tiny-BF16")))
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_output_layout_index_and_config(src, converted):
     assert qc["quant_method"] == "mxfp4" and qc["scale_mode"] == "even" and qc["block_size"] == 32
     assert qc["source_index_sha256"] == hashlib.sha256((src / "model.safetensors.index.json").read_bytes()).hexdigest()
     assert "low nibble" in qc["layout"] and qc["modules"]
-    for name in tiny_checkpoint.TOKENIZER_FILES:
+    for name in glm_moe_dsa_tiny.TOKENIZER_FILES:
         assert (converted / name).read_bytes() == (src / name).read_bytes()
 
 
