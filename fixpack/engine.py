@@ -133,6 +133,8 @@ class Engine:
 
     def step_record(self, fix: Fix, files: dict[str, list[str]]) -> dict:
         step = {"fix": fix.id, "layer": fix.layer, "fix_hash": self._fix_hash[fix.id], "files": files}
+        if fix.layer == "profile" and fix.dir != self.pack.root / "fixes" / fix.id:
+            step["dir"] = fix.dir.relative_to(self.pack.root).as_posix()  # a profile's own fixes folder
         if self.protection is not None:
             step["sandbox"] = protection_text(self.protection)
         return step

@@ -82,9 +82,10 @@ def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str
         return None
     final: dict[str, str] = {}
     for pinned, recorded in zip(sel["steps"], steps):
-        layer = lock["fixes"][pinned["fix"]].get("layer", "profile")
+        entry = lock["fixes"][pinned["fix"]]
+        layer = entry.get("layer", "profile")
         base = os.path.join(pack_root, "ports", layer[5:], "fixes") if layer.startswith("port:") else os.path.join(pack_root, "fixes")
-        h = fix_hash(os.path.join(base, pinned["fix"]))
+        h = fix_hash(os.path.join(pack_root, entry["dir"]) if entry.get("dir") else os.path.join(base, pinned["fix"]))
         if h is None or h != lock["fixes"][pinned["fix"]]["hash"] or recorded.get("fix_hash") != h:
             return None
         if recorded.get("files") != pinned["files"]:

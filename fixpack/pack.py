@@ -113,6 +113,7 @@ def load_fix(fix_dir: Path, *, layer: str = "profile") -> Fix:
 class ProfileEntry:
     id: str
     opt_in: bool
+    dir: str | None = None  # relative to the pack; None: <fixes_dir>/<id>
 
 
 @dataclass
@@ -131,6 +132,14 @@ class Profile:
     @property
     def lock_path(self) -> Path:
         return self.path.with_name(f"{self.name}.lock.json")
+
+    @property
+    def fixes_dir(self) -> str:
+        return self.data.get("fixes_dir", "fixes")
+
+    def development_parts(self) -> dict[str, dict]:
+        """Packages whose release sources have a development base named (``development:``)."""
+        return {p: s["development"] for p, s in self.base.get("sources", {}).items() if isinstance(s, dict) and s.get("development")}
 
     @property
     def opt_ins(self) -> list[str]:
@@ -177,7 +186,11 @@ class Pack:
             schema.check_slug(e["id"], where=f"{where}: fixes[{i}].id")
             if any(x.id == e["id"] for x in entries):
                 raise ConfigError(f"{where}: fixes[{i}]: {e['id']!r} is listed twice")
-            entries.append(ProfileEntry(e["id"], bool(e.get("opt_in", False))))
+            if "dir" in e:
+                check_relpath(e["dir"], where=f"{where}: fixes[{i}].dir")
+            entries.append(ProfileEntry(e["id"], bool(e.get("opt_in", False)), e.get("dir")))
+        if "fixes_dir" in data:
+            check_relpath(data["fixes_dir"], where=f"{where}: key 'fixes_dir'")
         for i, p in enumerate(data["packages"]):
             if not isinstance(p, str) or not p.isidentifier():
                 raise ConfigError(f"{where}: packages[{i}] must be a package name")
@@ -206,15 +219,22 @@ class Pack:
         return Port(name, path.parent, data["profile"], patches, data)
 
     # ---- fixes
-    def fix(self, fid: str, *, port: Port | None = None) -> Fix:
-        key = (fid, port.name if port else None)
+    def fix(self, fid: str, *, port: Port | None = None, rel_dir: str | None = None) -> Fix:
+        key = (fid, port.name if port else None, rel_dir)
         if key not in self._fix_cache:
             base = (port.dir / "fixes") if port else (self.root / "fixes")
-            d = base / fid
+            d = self.root / rel_dir if rel_dir else base / fid
             if not d.is_dir():
                 raise ConfigError(f"fix {fid!r} has no folder {d}")
             self._fix_cache[key] = load_fix(d, layer=f"port:{port.name}" if port else "profile")
         return self._fix_cache[key]
+
+    @staticmethod
+    def entry_dir(profile: Profile, e: ProfileEntry) -> str | None:
+        """The folder of a profile's fix relative to the pack; None for the default fixes/<id>."""
+        if e.dir:
+            return e.dir
+        return None if profile.fixes_dir == "fixes" else f"{profile.fixes_dir}/{e.id}"
 
     def selection(self, profile: Profile, opt_ins: list[str] = (), port: Port | None = None) -> list[Fix]:
         """Port patches first (the layer below), then the profile's defaults and the named
@@ -232,7 +252,7 @@ class Pack:
             if port.profile != profile.name:
                 raise ConfigError(f"port {port.name} is built on profile {port.profile}, not {profile.name}")
             fixes += [self.fix(p, port=port) for p in port.patches]
-        fixes += [self.fix(e.id) for e in profile.entries if not e.opt_in or e.id in chosen]
+        fixes += [self.fix(e.id, rel_dir=self.entry_dir(profile, e)) for e in profile.entries if not e.opt_in or e.id in chosen]
         ids = [f.id for f in fixes]
         if len(set(ids)) != len(ids):
             dup = sorted({i for i in ids if ids.count(i) > 1})

@@ -78,7 +78,7 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
             steps = record_selection(pack, profile, port, opt, tree, quiet=quiet, memo=memo, anchors=anchors)
         key = selection_key(port.name if port else None, opt)
         for s in steps:
-            fixes[s["fix"]] = {"layer": s["layer"], "hash": s["fix_hash"]}
+            fixes[s["fix"]] = {"layer": s["layer"], "hash": s["fix_hash"], **({"dir": s["dir"]} if s.get("dir") else {})}
             for rel in s["files"]:
                 pkg, sub = rel.split("/", 1)
                 pristine.setdefault(rel, manifest[pkg][sub])
@@ -88,6 +88,9 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
         "profile": profile.name,
         "packages": profile.packages,
         "sources": profile.base.get("sources", {}),
+        # which base each package's pins come from: its release, or (where the release could not
+        # be fetched) its development base, which `fixpack apply` refuses to treat as the release
+        "bases": sources.resolve(profile.base.get("sources", {}), profile.packages),
         "pristine": dict(sorted(pristine.items())),
         "fixes": dict(sorted(fixes.items())),
         "selections": sels,

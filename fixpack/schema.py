@@ -29,6 +29,9 @@ FIX_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "cpu_demonstrable": ((bool,), False, "false when the defect needs a Gaudi card to show"),
     "device_gate": ((dict,), False, "{reason, gate}: where the card check lives"),
     "requires": ((list,), False, "fix ids that must be applied before this one"),
+    "regression_guards": ((list,), False, "tests that pass before the fix too: they guard what it must keep"),
+    "untested_parts": ((list,), False, "[{part, why}]: hunks / edits no CPU test can turn red, and why"),
+    "completed_by": ((list,), False, "later fix ids without which this one is incomplete at run time"),
     "notes": ((str,), False, "anything else"),
 }
 
@@ -47,12 +50,14 @@ PROFILE_SCHEMA = {
     "description": ((str,), False, ""),
     "base": ((dict,), True, "what the profile applies to"),
     "packages": ((list,), True, "package folders the fixes may touch"),
+    "fixes_dir": ((str,), False, "the folder of this profile's fixes (default: fixes)"),
     "fixes": ((list,), True, "ordered fixes (the pack order)"),
 }
 
 PROFILE_FIX_SCHEMA = {
     "id": ((str,), True, "a fix folder under fixes/"),
     "opt_in": ((bool,), False, "applied only when named on the command line"),
+    "dir": ((str,), False, "the fix's folder, relative to the pack, when not <fixes_dir>/<id> (a fix shared with another profile)"),
 }
 
 PORT_SCHEMA = {

@@ -308,16 +308,51 @@ def package_tree(package: str, spec: dict) -> Path:
     raise SourceUnavailable(f"unknown source kind {kind!r} for {package}")
 
 
+_SAID: set[str] = set()
+
+
+def _say_once(text: str) -> None:
+    if text not in _SAID:
+        _SAID.add(text)
+        print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+def release_spec(spec: dict) -> dict:
+    """The entry itself, without its development base."""
+    return {k: v for k, v in spec.items() if k != "development"}
+
+
+def resolve(sources: dict[str, dict], packages: list[str] | None = None) -> dict[str, dict]:
+    """For each package, the source the trees are built from: its release where that can be
+    had, else its development base (``development:`` in the profile), said as such.
+
+    Returns ``{package: {"base": "release" | "development", "spec": ..., "why": ...}}``."""
+    out: dict[str, dict] = {}
+    for package, spec in sources.items():
+        if packages is not None and package not in packages:
+            continue
+        try:
+            package_tree(package, release_spec(spec))
+            out[package] = {"base": "release", "spec": release_spec(spec)}
+        except SourceUnavailable as exc:
+            dev = spec.get("development")
+            if not dev:
+                raise
+            package_tree(package, release_spec(dev))  # a development base that is missing too is an error
+            # the reason names no machine path: it goes into the lock and the manifest
+            out[package] = {"base": "development", "spec": release_spec(dev), "why": "the release's sources could not be fetched where this was generated"}
+            _say_once(f"{package}: the release the profile names is unavailable ({exc}); using its development base {dev.get('repo', dev.get('distribution'))} {dev.get('commit', dev.get('version'))}")
+    return out
+
+
 def materialise(sources: dict[str, dict], dest: Path, packages: list[str] | None = None) -> Path:
     """A scratch tree ``dest/<package>/`` for each package, hard-linked from the cache.
 
     fixpack only ever replaces files by rename, so hard links never write through to the cache.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    for package, spec in sources.items():
-        if packages is not None and package not in packages:
-            continue
-        src_root = package_tree(package, spec)
+    for package, got in resolve(sources, packages).items():
+        src_root = package_tree(package, got["spec"])
         target = dest / package
         if target.exists():
             raise EnvironmentFault(f"{target} exists already; materialise into an empty folder")

@@ -27,12 +27,18 @@ from fixpack import sources
 from fixpack.errors import SourceUnavailable
 from fixpack.pack import Pack, default_pack_root
 
-profile = Pack(default_pack_root()).profile("v0.26.0")
-for package, spec in profile.base["sources"].items():
-    try:
-        print(f"source {package}: {sources.package_tree(package, spec)}")
-    except SourceUnavailable as exc:
-        print(f"!!! source {package} unavailable: {exc}")
+pack = Pack(default_pack_root())
+for name in pack.profile_names():
+    profile = pack.profile(name)
+    for package, spec in profile.base["sources"].items():
+        # the release, else its development base (said so), and the vLLM that base imports with
+        try:
+            got = sources.resolve({package: spec})[package]
+            print(f"source {name} {package} ({got['base']}): {sources.package_tree(package, got['spec'])}")
+            for other, companion in (got["spec"].get("imports_with") or {}).items():
+                print(f"source {name} {package} imports with {other}: {sources.package_tree(other, companion)}")
+        except SourceUnavailable as exc:
+            print(f"!!! source {name} {package} unavailable: {exc}")
 PY
 # glm-5-mxfp4 tests read vLLM 0.30.0's own MXFP4 code from its wheel (about 300 MB, no install).
 .venv/bin/python - <<'PY'

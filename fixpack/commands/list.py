@@ -14,6 +14,35 @@ def add_parser(sub):
     p.set_defaults(run=run)
 
 
+def describe_source(spec: dict) -> str:
+    if spec.get("kind") == "wheel":
+        return f"{spec.get('distribution')} {spec.get('version')} (wheel" + (f", commit {spec['commit']}" if spec.get("commit") else "") + ")"
+    ref = spec.get("tag") or spec.get("branch")
+    return f"{spec.get('repo')} {ref + ' ' if ref else ''}{str(spec.get('commit', ''))[:9]} (git)"
+
+
+def base_lines(profile) -> dict[str, dict]:
+    """Each package's release, and where a development base stands in for it, which pins the lock holds."""
+    import json
+
+    try:
+        locked = json.loads(profile.lock_path.read_text()).get("bases", {})
+    except (OSError, ValueError):
+        locked = {}
+    out = {}
+    for package, spec in profile.base.get("sources", {}).items():
+        text = describe_source(spec)
+        dev = spec.get("development")
+        pinned = (locked.get(package) or {}).get("base")
+        if dev:
+            companion = ", ".join(f"{p} {describe_source(s)}" for p, s in (dev.get("imports_with") or {}).items())
+            text += f"; development base {describe_source(dev)}" + (f" with {companion}" if companion else "")
+        if pinned:
+            text += f"; the lock pins it on its {pinned}" + (" base: an image of the release is refused until `fixpack lock` is run where the release can be fetched" if pinned == "development" else "")
+        out[package] = {"text": text, "release": spec.get("commit") or spec.get("version"), "development": bool(dev), "pinned_on": pinned}
+    return out
+
+
 def run(args) -> int:
     from pathlib import Path
 
@@ -27,10 +56,13 @@ def run(args) -> int:
         if args.port:
             port = pack.port(args.port)
             rows += [(pack.fix(p, port=port), f"port:{port.name}") for p in port.patches]
-        rows += [(pack.fix(e.id), "opt-in" if e.opt_in else "default") for e in profile.entries]
-        entry = {"profile": name, "ports": pack.port_names(), "fixes": []}
+        rows += [(pack.fix(e.id, rel_dir=pack.entry_dir(profile, e)), "opt-in" if e.opt_in else "default") for e in profile.entries]
+        bases = base_lines(profile)
+        entry = {"profile": name, "ports": pack.port_names(), "bases": bases, "fixes": []}
         if not args.json:
             print(f"profile {name}  ({len(profile.entries)} fixes; ports: {', '.join(pack.port_names()) or 'none'})")
+            for package, b in bases.items():
+                print(f"  base {package}: {b['text']}")
         for i, (fix, role) in enumerate(rows, 1):
             cpu = "" if fix.cpu_demonstrable else "  [device gate]"
             targets = ", ".join(fix.target_rels)

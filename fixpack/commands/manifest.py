@@ -24,6 +24,9 @@ def run(args) -> int:
     with release.scratch() as d:
         tree = release.pristine_tree(profile, d)
         hashes = release.tree_hashes(tree, profile.packages)
-    text = release.dump({"profile": profile.name, "sources": profile.base["sources"], "files": hashes})
+    from fixpack import sources
+
+    bases = sources.resolve(profile.base["sources"], profile.packages)
+    text = release.dump({"profile": profile.name, "sources": profile.base["sources"], "bases": bases, "files": hashes})
     counts = ", ".join(f"{p} {len(v)} files" for p, v in hashes.items())
     return write_or_check(profile.manifest_path, text, check=args.check, name="manifest", summary=counts, regenerate=f"fixpack manifest --profile {profile.name}")

@@ -22,8 +22,10 @@ def run(args) -> int:
     args.pack = Path(args.pack) if args.pack else None
     pack = pack_of(args)
     port = pack.port(args.port) if args.port else None
+    profile = pack.profile(args.profile) if args.profile else None
+    entry = next((e for e in profile.entries if e.id == args.fix), None) if profile else None
     try:
-        fix = pack.fix(args.fix, port=port)
+        fix = pack.fix(args.fix, port=port, rel_dir=pack.entry_dir(profile, entry) if entry else None)
     except ConfigError:
         known = sorted(p.name for p in (pack.root / "fixes").iterdir() if (p / "fix.yaml").exists())
         raise ConfigError(f"unknown fix {args.fix!r}; known: {', '.join(known)}") from None
@@ -38,6 +40,13 @@ def run(args) -> int:
             text = str(m[key]).strip().replace("\n", "\n    ")
             print(f"\n  {key}:\n    {text}")
     print("\n  targets: " + ", ".join(fix.target_rels))
+    if profile is not None:
+        from fixpack.commands.list import base_lines
+
+        bases = base_lines(profile)
+        for package in sorted({t.package for t in fix.targets}):
+            if package in bases:
+                print(f"  base ({profile.name}) {package}: {bases[package]['text']}")
     print("  tests:   " + ", ".join(m["tests"]))
     print(f"\n--- {fix.change_file.name}\n{fix.change_file.read_text()}")
     return 0
