@@ -15,8 +15,8 @@ Elements round to nearest, ties to even, and saturate to +-6.
 The scale comes from the exponent bits of amax, never from a cast to an e8m0 dtype: those casts
 round (1.5 -> 2, 3 -> 4) and map 0 to NaN or code 0 depending on the library.
 
-Two implementations: `quantize` (a numba kernel working on the bf16 bit patterns with integer
-compares only) and `quantize_reference` (numpy float arithmetic, written from the rules above
+Two implementations: `quantize` (a numba kernel on the bf16 bit patterns, integers only: one
+table look-up per element) and `quantize_reference` (numpy float arithmetic, written from the rules above
 without sharing code with the kernel). Tests hold both bit-exact to torchao.
 """
 
@@ -66,18 +66,36 @@ def _threshold_table() -> np.ndarray:
 _THRESHOLDS = _threshold_table()
 
 
+def _code_lut() -> np.ndarray:
+    """E2M1 magnitude code by (element abs bits - base), base = (scale code - 3) << 7, [768] uint8.
+
+    Relative to the scale, an element's exponent difference d = -3..2 and its 7 mantissa bits
+    fix its code (below d = -3 it rounds to 0, d >= 3 saturates). That holds while the scale and
+    the element are normal, so the table is taken from the threshold table at one normal scale;
+    blocks with scale codes below 8 (amax under 2**-117) use the threshold compares instead.
+    """
+    code = 127
+    base = (code - 3) << 7
+    a = np.arange(6 * 128, dtype=np.int64) + base
+    t = _THRESHOLDS[code].astype(np.int64)
+    count = sum((a > t[i]) if not up else (a >= t[i]) for i, up in enumerate(_TIE_UP))
+    return count.astype(np.uint8)
+
+
+_LUT = _code_lut()
+LUT_MIN_CODE = 8
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _kernel(x16, even, table, out_q, out_s, bad):
+def _kernel(x16, even, table, lut, out_q, out_s, bad):
     rows, k = x16.shape
     nblocks = k // 32
     for r in numba.prange(rows):
         for b in range(nblocks):
-            base = b * 32
+            first = b * 32
             m = 0
             for i in range(32):
-                a = np.int32(x16[r, base + i]) & 0x7FFF
-                if a > m:
-                    m = a
+                m = max(m, np.int32(x16[r, first + i]) & 0x7FFF)
             if m > 0x7F7F:  # exponent all ones: Inf or NaN
                 bad[r] = 1
                 out_s[r, b] = 255
@@ -86,13 +104,17 @@ def _kernel(x16, even, table, out_q, out_s, bad):
                 continue
             if even:
                 m = (m + 0x20) & 0x7F80
-            code = ((m >> 7) & 0xFF) - 129
-            if code < -127:
-                code = -127
-            elif code > 128:
-                code = 128
-            code += 127
+            code = min(max(((m >> 7) & 0xFF) - 129, -127), 128) + 127
             out_s[r, b] = code
+            if code >= LUT_MIN_CODE:
+                base = (code - 3) << 7
+                for j in range(16):
+                    v0 = np.int32(x16[r, first + 2 * j])
+                    v1 = np.int32(x16[r, first + 2 * j + 1])
+                    c0 = np.int32(lut[min(max((v0 & 0x7FFF) - base, 0), 767)]) | ((v0 >> 12) & 8)
+                    c1 = np.int32(lut[min(max((v1 & 0x7FFF) - base, 0), 767)]) | ((v1 >> 12) & 8)
+                    out_q[r, b * 16 + j] = np.uint8(c0 | (c1 << 4))
+                continue
             t0 = table[code, 0]
             t1 = table[code, 1]
             t2 = table[code, 2]
@@ -101,8 +123,8 @@ def _kernel(x16, even, table, out_q, out_s, bad):
             t5 = table[code, 5]
             t6 = table[code, 6]
             for j in range(16):
-                v0 = np.int32(x16[r, base + 2 * j])
-                v1 = np.int32(x16[r, base + 2 * j + 1])
+                v0 = np.int32(x16[r, first + 2 * j])
+                v1 = np.int32(x16[r, first + 2 * j + 1])
                 a0 = v0 & 0x7FFF
                 a1 = v1 & 0x7FFF
                 c0 = (
@@ -161,7 +183,7 @@ def quantize(x, mode: str = "even", out_q: np.ndarray | None = None,
     q = np.empty((rows, k // 2), dtype=np.uint8) if out_q is None else out_q.reshape(rows, k // 2)
     s = np.empty((rows, k // BLOCK), dtype=np.uint8) if out_s is None else out_s.reshape(rows, k // BLOCK)
     bad = np.zeros(rows, dtype=np.uint8)
-    _kernel(x2, mode == "even", _THRESHOLDS, q, s, bad)
+    _kernel(x2, mode == "even", _THRESHOLDS, _LUT, q, s, bad)
     if bad.any():
         raise _first_non_finite(x2, shape)
     return q.reshape(*shape[:-1], k // 2), s.reshape(*shape[:-1], k // BLOCK)

@@ -1,0 +1,218 @@
+"""glm-5-mxfp4 converter throughput against the cold read rate of the same source, in one run.
+
+    .venv/bin/python bench/bench_convert.py [--experts 256] [--dir TMPDIR] [--keep]
+
+Builds a synthetic glm_moe_dsa checkpoint holding one full-size MoE layer (by default 256 experts,
+gate/up [2048, 6144] and down [6144, 2048] in BF16, N(0, 0.02): 19.3 GB, in 5 GB shards) plus that
+layer's attention and router tensors. Then, each time after dropping the page cache for those
+files (posix_fadvise DONTNEED after fsync):
+  1. reads the layer's tensors in the converter's order with the converter's reader (pread into
+     fresh buffers), nothing else: the cold sequential read rate;
+  2. runs the converter on that layer as a worker process (`--layers 0:1`): its rate, measured from
+     process start to exit, and its peak RSS.
+Prints the ratio (goal >= 0.6), GB/s, peak RSS against 2 x the largest tensor + 300 MB, the
+projected time for the 1.508 TB release, the scale modes' error, the CPU model and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PORT = os.path.join(ROOT, "ports", "glm-5-mxfp4")
+sys.path.insert(0, PORT)
+
+import numpy as np  # noqa: E402
+
+from glm5_mxfp4 import mxfp4, st  # noqa: E402
+from glm5_mxfp4.pipeline import _pread_into  # noqa: E402
+from glm5_mxfp4.source import Source  # noqa: E402
+
+RELEASE_BYTES = 1.508e12
+H, I, SHARD = 6144, 2048, 5 * 10**9
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def bf16_normal(rng, shape, std=0.02) -> np.ndarray:
+    f = (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).view(np.uint32)
+    return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+
+
+def build(root: str, experts: int) -> None:
+    rng = np.random.default_rng(0)
+    pool_up = [bf16_normal(rng, (I, H)) for _ in range(8)]  # a pool of distinct tensors, reused
+    pool_down = [bf16_normal(rng, (H, I)) for _ in range(8)]
+    small = {
+        "model.layers.0.input_layernorm.weight": ((H,), "BF16"),
+        "model.layers.0.post_attention_layernorm.weight": ((H,), "BF16"),
+        "model.layers.0.self_attn.q_a_proj.weight": ((2048, H), "BF16"),
+        "model.layers.0.self_attn.q_b_proj.weight": ((64 * 256, 2048), "BF16"),
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": ((576, H), "BF16"),
+        "model.layers.0.self_attn.kv_b_proj.weight": ((64 * 448, 512), "BF16"),
+        "model.layers.0.self_attn.o_proj.weight": ((H, 64 * 256), "BF16"),
+        "model.layers.0.mlp.gate.weight": ((256, H), "BF16"),
+        "model.layers.0.mlp.gate.e_score_correction_bias": ((256,), "F32"),
+        "model.layers.0.mlp.shared_experts.gate_proj.weight": ((I, H), "BF16"),
+        "model.layers.0.mlp.shared_experts.up_proj.weight": ((I, H), "BF16"),
+        "model.layers.0.mlp.shared_experts.down_proj.weight": ((H, I), "BF16"),
+        "model.norm.weight": ((H,), "BF16"),
+    }
+    tensors: list[tuple[str, tuple, str, object]] = [(n, s, d, None) for n, (s, d) in small.items()]
+    for e in range(experts):
+        for p in ("gate_proj", "up_proj"):
+            tensors.append((f"model.layers.0.mlp.experts.{e}.{p}.weight", (I, H), "BF16", pool_up[(2 * e + (p == "up_proj")) % 8]))
+        tensors.append((f"model.layers.0.mlp.experts.{e}.down_proj.weight", (H, I), "BF16", pool_down[e % 8]))
+    shards: list[list] = [[]]
+    size = 0
+    for t in tensors:
+        nbytes = st.OutSpec(t[0], t[2], t[1]).nbytes
+        if size + nbytes > SHARD and shards[-1]:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += nbytes
+    weight_map = {}
+    for i, group in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        specs = [st.OutSpec(n, d, s) for n, s, d, _ in group]
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(st.build_header(specs))
+            for (n, s, d, data), spec in zip(group, specs):
+                if data is None:
+                    data = bf16_normal(rng, s) if d == "BF16" else np.zeros(s, dtype=np.float32)
+                f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+                weight_map[n] = name
+            f.flush()
+            os.fsync(f.fileno())
+    config = {"model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"], "hidden_size": H,
+              "moe_intermediate_size": I, "n_routed_experts": experts, "num_hidden_layers": 1}
+    with open(os.path.join(root, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(root, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    with open(os.path.join(root, "LICENSE"), "w") as f:
+        f.write("synthetic benchmark checkpoint\n")
+
+
+def drop_cache(paths) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cold_read(src: Source, unit: str) -> tuple[int, float]:
+    """The converter's reader alone: its tensors, its order, pread into fresh buffers."""
+    total = 0
+    fds: dict[str, int] = {}
+    t0 = time.perf_counter()
+    for t in src.unit_tensors(unit):
+        fd = fds.get(t.shard)
+        if fd is None:
+            fd = fds[t.shard] = os.open(src.headers[t.shard].path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        buf = np.empty(t.entry.nbytes, dtype=np.uint8)
+        _pread_into(fd, memoryview(buf), t.entry.begin)
+        total += t.entry.nbytes
+    dt = time.perf_counter() - t0
+    for fd in fds.values():
+        os.close(fd)
+    return total, dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--dir", default=None, help="where to write the synthetic checkpoint (default: the temp folder)")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    base = tempfile.mkdtemp(prefix="bench-convert-", dir=args.dir)
+    need = args.experts * 3 * I * H * 2 * 1.3 + 1e9
+    free = shutil.disk_usage(base).free
+    if free < need:
+        print(f"{base}: {free / 1e9:.1f} GB free, the benchmark needs {need / 1e9:.1f} GB", file=sys.stderr)
+        shutil.rmtree(base)
+        return 2
+    src_dir, dst_dir = os.path.join(base, "src"), os.path.join(base, "dst")
+    os.mkdir(src_dir)
+    try:
+        t0 = time.perf_counter()
+        build(src_dir, args.experts)
+        build_s = time.perf_counter() - t0
+        src = Source(src_dir)
+        shards = [h.path for h in src.headers.values()]
+        unit = "layer-0"
+        largest = max(t.entry.nbytes for t in src.tensors.values())
+        print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); load average before: "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"synthetic layer: {args.experts} experts, {src.unit_bytes(unit) / 1e9:.2f} GB in {len(shards)} shards "
+              f"(built in {build_s:.0f} s)")
+        # 1. cold read
+        drop_cache(shards)
+        nbytes, read_s = cold_read(src, unit)
+        read_rate = nbytes / read_s
+        # 2. the converter, as a worker process
+        drop_cache(shards)
+        load_before = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "glm5_mxfp4.convert", src_dir, dst_dir, "--layers", "0:1", "--quiet"],
+                              cwd=PORT, env=dict(os.environ, PYTHONPATH=PORT))
+        conv_s = time.perf_counter() - t0
+        if proc.returncode != 0:
+            print(f"converter exited {proc.returncode}", file=sys.stderr)
+            return 1
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        load_after = os.getloadavg()[0]
+        conv_rate = nbytes / conv_s
+        out_bytes = os.path.getsize(os.path.join(dst_dir, src.unit_file(unit)))
+        # the scale modes' error on the same data (one expert's gate_proj)
+        t = src.tensors["model.layers.0.mlp.experts.0.gate_proj.weight"]
+        with open(src.headers[t.shard].path, "rb") as f:
+            f.seek(t.entry.begin)
+            w = np.frombuffer(f.read(t.entry.nbytes), dtype=np.uint16).reshape(t.entry.shape)
+        err = {m: mxfp4.relative_error(w, m) for m in mxfp4.SCALE_MODES}
+        goal_rss = 2 * largest + 300e6
+        rows = [
+            ("cold sequential read, converter's reader", f"{read_rate / 1e9:.2f} GB/s", f"{read_s:.1f} s"),
+            ("converter, one worker (--layers 0:1), process start to exit", f"{conv_rate / 1e9:.2f} GB/s", f"{conv_s:.1f} s"),
+            ("ratio converter / read (goal >= 0.6)", f"{conv_rate / read_rate:.2f}", ""),
+            ("output / input bytes", f"{out_bytes / nbytes:.4f}", "4.25 / 16 = 0.2656 for the experts"),
+            ("peak RSS of the worker", f"{rss / 1e6:.0f} MB", f"goal <= 2 x {largest / 1e6:.0f} MB + 300 MB = {goal_rss / 1e6:.0f} MB"),
+            ("projected 1.508 TB release at this rate, one machine", f"{RELEASE_BYTES / conv_rate / 60:.0f} min", ""),
+            ("relative error of dequant(quant(w)), N(0, 0.02) expert", f"floor {err['floor']:.4f}, even {err['even']:.4f}", ""),
+            ("load average (1 min) before / after the converter run", f"{load_before:.2f} / {load_after:.2f}", f"{os.cpu_count()} cores"),
+        ]
+        width = max(len(r[0]) for r in rows)
+        for r in rows:
+            print(f"{r[0]:<{width}}  {r[1]:>24}  {r[2]}")
+        return 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            print(f"kept {base}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
