@@ -16,3 +16,26 @@ echo "== container start again (already applied: hashing only)"
 echo "== fixpack verify"
 $FP verify --root "$DEST"
 echo "scratch tree with the profile applied: $DEST"
+
+# Profile v0.30.0: the vLLM half is the exact release; the vllm-gaudi half is pinned on its
+# development base wherever releases/v0.30.0 cannot be fetched. An image is refused (exit 3)
+# until the release pins exist; a scratch tree of the development base takes the fixes when
+# told it is one.
+DEST30=${2:-$(mktemp -d /tmp/fixpack-v0.30.0-XXXXXX)}
+$FP sources tree "$DEST30" --profile v0.30.0
+bases=$(.venv/bin/python -c 'import json; print(json.load(open("profiles/v0.30.0.lock.json"))["bases"]["vllm_gaudi"]["base"])')
+echo "== v0.30.0: vllm-gaudi pins come from its $bases base"
+if [ "$bases" = development ]; then
+  echo "== image build as on a stock image: python apply_all.py --profile v0.30.0 --root $DEST30 (refused)"
+  set +e
+  .venv/bin/python apply_all.py --profile v0.30.0 --root "$DEST30"
+  rc=$?
+  set -e
+  [ "$rc" -eq 3 ] || { echo "expected exit 3 (base mismatch), got $rc"; exit 1; }
+  echo "== the same on the development base tree: --development-base"
+  .venv/bin/python apply_all.py --profile v0.30.0 --root "$DEST30" --development-base
+else
+  .venv/bin/python apply_all.py --profile v0.30.0 --root "$DEST30"
+fi
+$FP verify --profile v0.30.0 --root "$DEST30"
+echo "scratch tree with the v0.30.0 profile applied: $DEST30"

@@ -16,6 +16,25 @@ def add_parser(sub):
     p.set_defaults(run=run)
 
 
+def _applied_profile(lock, root, state_dir) -> str | None:
+    from pathlib import Path
+
+    from fixpack.fastpath import locate
+
+    if lock is None:
+        return None
+    packages = locate(lock.data["packages"], str(root) if root else None) or {}
+    found = [Path(v) for v in packages.values() if os.path.isdir(v)]
+    if not found:
+        return None
+    d = state_dir.resolve() if state_dir else (root / ".fixpack" if root else sorted(p.parent for p in found)[0] / ".fixpack")
+    try:
+        name = json.loads((d / "state.json").read_text()).get("profile")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name.replace(".", "").replace("-", "").replace("_", "").isalnum() else None
+
+
 def run(args) -> int:
     from pathlib import Path
 
@@ -25,15 +44,20 @@ def run(args) -> int:
     from fixpack.verify import Lines, verify
 
     pack = (args.pack or Path(__file__).resolve().parents[2]).resolve()
+    root = args.root.resolve() if args.root else None
     if args.profile:
         lock_path = pack / "profiles" / f"{args.profile}.lock.json"
     else:
         locks = sorted(glob.glob(str(pack / "profiles" / "*.lock.json")))
-        if len(locks) != 1:
-            raise ConfigError(f"--profile is required (locks: {', '.join(os.path.basename(p) for p in locks) or 'none'})")
-        lock_path = Path(locks[0])
+        if len(locks) == 1:
+            lock_path = Path(locks[0])
+        else:
+            # several profiles: the one the image's state record names
+            applied = _applied_profile(Lock.load(Path(locks[0])) if locks else None, root, args.state_dir)
+            if applied is None:
+                raise ConfigError(f"--profile is required: this image has no state record naming one (locks: {', '.join(os.path.basename(p) for p in locks) or 'none'})")
+            lock_path = pack / "profiles" / f"{applied}.lock.json"
     lock = Lock.load(lock_path)
-    root = args.root.resolve() if args.root else None
     packages = locate(lock.data["packages"], str(root) if root else None) or {}
     found = {k: Path(v) for k, v in packages.items() if os.path.isdir(v)}
     missing = [p for p in lock.data["packages"] if p not in found]
