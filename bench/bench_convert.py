@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -112,6 +111,19 @@ def build(root: str, experts: int) -> None:
         f.write("synthetic benchmark checkpoint\n")
 
 
+def peak_rss(pid: int) -> int:
+    """The process's high-water RSS (VmHWM) in bytes; it starts afresh at exec, so the parent's
+    pages, shared by fork until then, do not count (getrusage's children figure counts them)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def drop_cache(paths) -> None:
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
@@ -176,13 +188,22 @@ def main() -> int:
         drop_cache(shards)
         load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "glm5_mxfp4.convert", src_dir, dst_dir, "--layers", "0:1", "--quiet"],
-                              cwd=PORT, env=dict(os.environ, PYTHONPATH=PORT))
+        proc = subprocess.Popen([sys.executable, "-m", "glm5_mxfp4.convert", src_dir, dst_dir, "--layers", "0:1", "--quiet"],
+                                cwd=PORT, env=dict(os.environ, PYTHONPATH=PORT))
+        rss = 0
+        while True:
+            rss = max(rss, peak_rss(proc.pid))
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(0.2)
         conv_s = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             print(f"converter exited {proc.returncode}", file=sys.stderr)
             return 1
-        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        cpu_s = usage.ru_utime + usage.ru_stime
+        cores = os.cpu_count() or 1
         load_after = os.getloadavg()[0]
         conv_rate = nbytes / conv_s
         out_bytes = os.path.getsize(os.path.join(dst_dir, src.unit_file(unit)))
@@ -199,7 +220,10 @@ def main() -> int:
             ("ratio converter / read (goal >= 0.6)", f"{conv_rate / read_rate:.2f}", ""),
             ("output / input bytes", f"{out_bytes / nbytes:.4f}", "4.25 / 16 = 0.2656 for the experts"),
             ("peak RSS of the worker", f"{rss / 1e6:.0f} MB", f"goal <= 2 x {largest / 1e6:.0f} MB + 300 MB = {goal_rss / 1e6:.0f} MB"),
-            ("projected 1.508 TB release at this rate, one machine", f"{RELEASE_BYTES / conv_rate / 60:.0f} min", ""),
+            ("converter CPU time (user + sys), share of the cores it got", f"{cpu_s:.1f} s",
+             f"{100 * cpu_s / conv_s / cores:.0f} % of {cores} cores over its run"),
+            ("converter bytes per CPU second", f"{nbytes / cpu_s / 1e9:.2f} GB/s", ""),
+            ("projected 1.508 TB release at the measured rate, one machine", f"{RELEASE_BYTES / conv_rate / 60:.0f} min", ""),
             ("relative error of dequant(quant(w)), N(0, 0.02) expert", f"floor {err['floor']:.4f}, even {err['even']:.4f}", ""),
             ("load average (1 min) before / after the converter run", f"{load_before:.2f} / {load_after:.2f}", f"{os.cpu_count()} cores"),
         ]

@@ -143,7 +143,7 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
                 pos = e.begin
                 while pos < e.end:
                     n = min(CHUNK, e.end - pos)
-                    buf = bytearray(n)
+                    buf = np.empty(n, dtype=np.uint8)  # not zero-filled, unlike bytearray
                     _pread_into(fd, memoryview(buf), pos)
                     h.update(buf)
                     pos += n
