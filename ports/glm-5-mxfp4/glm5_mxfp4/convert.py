@@ -23,7 +23,7 @@ import sys
 
 from . import __version__, mxfp4, st
 from .output import Dest, dump, load, write_atomic
-from .pipeline import convert_unit, out_specs
+from .pipeline import CHUNK, convert_unit, out_specs
 from .progress import Progress
 from .source import COPIED_FILES, INDEX, InputError, Source
 
@@ -228,11 +228,24 @@ def _read(fd: int, entry: st.Entry) -> bytes:
     return os.pread(fd, entry.nbytes, entry.begin) if entry.nbytes else b""
 
 
+def _hash(fd: int, entry: st.Entry) -> bytes:
+    """blake3 of a tensor's bytes, read in chunks (a copied tensor may be GBs: the embeddings)."""
+    import blake3
+
+    h = blake3.blake3()
+    pos = entry.begin
+    while pos < entry.end:
+        chunk = os.pread(fd, min(CHUNK, entry.end - pos), pos)
+        if not chunk:
+            raise OSError(f"short read at offset {pos}")
+        h.update(chunk)
+        pos += len(chunk)
+    return h.digest()
+
+
 def verify(src: Source, dest: Dest, sample: int | None = None, quiet: bool = False) -> dict:
     """Re-read DST against SRC. Copied tensors: equal bytes. Quantized: equal to a re-quantization
     of the source (every one, or `sample` per output file, evenly spaced)."""
-    import blake3
-
     plan = dest.existing_plan()
     if plan is None:
         raise VerifyError(f"{dest.plan_path}: missing; DST is not a conversion")
@@ -296,8 +309,8 @@ def verify(src: Source, dest: Dest, sample: int | None = None, quiet: bool = Fal
                 for t in mine:
                     fs = fds.get(t.shard) or fds.setdefault(t.shard, os.open(src.headers[t.shard].path, os.O_RDONLY))
                     if not t.quantized:
-                        a = blake3.blake3(_read(fs, t.entry)).digest()
-                        b = blake3.blake3(_read(fo, out_h.entries[t.name])).digest()
+                        a = _hash(fs, t.entry)
+                        b = _hash(fo, out_h.entries[t.name])
                         checked["copied"] += 1
                         if a != b:
                             mismatches.append(f"{out_h.path}: tensor {t.name} differs from the source")
@@ -360,7 +373,9 @@ def _task_index(value: str, count: int | None) -> tuple[int, int]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m glm5_mxfp4.convert",
-                                description="BF16 glm_moe_dsa checkpoint -> MXFP4 routed experts (everything else unchanged).")
+                                description="BF16 glm_moe_dsa checkpoint -> MXFP4 routed experts (everything else unchanged).",
+                                epilog="Also: python -m glm5_mxfp4.convert verify SRC DST [--sample N] re-reads DST against SRC. "
+                                       "Without a mode option the whole plan runs here (as --workers 1), then --finalize.")
     p.add_argument("src", metavar="SRC")
     p.add_argument("dst", metavar="DST")
     g = p.add_mutually_exclusive_group()

@@ -1,10 +1,10 @@
 """One work unit: read the source tensors, quantize the routed experts, stream one output file.
 
-Three stages overlap: the caller's thread reads (pread into fresh buffers, hashing as it goes),
-a thread quantizes (the numba kernel releases the GIL and uses every core), a thread writes
-(hashing and fdatasync-ing as it goes). Queues between them hold a few items; an item is one
-routed-expert tensor or a chunk of at most CHUNK bytes of a copied tensor, so a worker holds
-at most a handful of those at once, however large the tensors of the source are.
+Three stages overlap: the caller's thread reads (pread into a buffer from a fixed pool, hashing
+as it goes), a thread quantizes (the numba kernel releases the GIL and uses every core), a thread
+writes (hashing and fdatasync-ing as it goes). An item is one routed-expert tensor or a chunk of
+at most CHUNK bytes of a copied tensor; the pools' buffers are recycled, so a worker holds
+IN_SLOTS + OUT_SLOTS buffers however large the tensors of the source are.
 """
 
 from __future__ import annotations
@@ -20,10 +20,27 @@ from . import mxfp4, st
 from .output import crashpoint, fsync_dir, tmp_name
 from .source import InputError, Source, Tensor
 
-CHUNK = 64 << 20
+CHUNK = 32 << 20
 SYNC_EVERY = 512 << 20
 DEPTH = 3
+IN_SLOTS = 2 * DEPTH  # read buffers, recycled: fresh allocations would fault in (and zero) every page
+OUT_SLOTS = DEPTH + 1
 _END = object()
+
+
+class _Pool:
+    """A fixed set of equal buffers handed round the stages; `take` blocks until one is free."""
+
+    def __init__(self, count: int, size: int):
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(count if size else 0):
+            self.free.put(np.empty(size, dtype=np.uint8))
+
+    def take(self) -> np.ndarray:
+        return self.free.get()
+
+    def give(self, buf: np.ndarray) -> None:
+        self.free.put(buf)
 
 
 def out_specs(tensors: list[Tensor]) -> list[st.OutSpec]:
@@ -49,9 +66,9 @@ def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
 
 
 class _Stage(threading.Thread):
-    def __init__(self, fn, inq, outq):
+    def __init__(self, fn, inq, outq, discard):
         super().__init__(daemon=True)
-        self.fn, self.inq, self.outq, self.error = fn, inq, outq, None
+        self.fn, self.inq, self.outq, self.discard, self.error = fn, inq, outq, discard, None
 
     def run(self):
         try:
@@ -62,8 +79,8 @@ class _Stage(threading.Thread):
                 self.fn(item)
         except BaseException as exc:  # handed to the reader, which stops feeding
             self.error = exc
-            while self.inq.get() is not _END:  # drain so the producer never blocks
-                pass
+            while (item := self.inq.get()) is not _END:  # drain so the producer never blocks,
+                self.discard(item)  # handing the buffers back
         finally:
             if self.outq is not None:
                 self.outq.put(_END)
@@ -83,7 +100,7 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
     state = {"written": 0, "since_sync": 0, "tensors": 0}
 
     def write(item):
-        kind, payload, nbytes = item
+        kind, payload, nbytes, release = item
         mv = memoryview(payload).cast("B")
         out_hash.update(mv)
         done = 0
@@ -98,6 +115,8 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
             state["tensors"] += 1
             if state["tensors"] == 1:
                 crashpoint(f"{unit}: first tensor written")
+        if release is not None:
+            release()
         if progress is not None and nbytes:
             progress.advance(nbytes, 1 if kind == "end-of-tensor" else 0)
 
@@ -107,23 +126,40 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
             q_write.put(item)
             return
         _, t, buf = item
+        e = t.entry
+        *rows, k = e.shape
+        n_q = e.nbytes // 4  # two elements per byte, from two bytes each
+        n_s = e.nbytes // 2 // mxfp4.BLOCK
+        out = out_pool.take()
         try:
-            packed, scales = mxfp4.quantize(buf.reshape(t.entry.shape), mode)
+            packed, scales = mxfp4.quantize(buf[: e.nbytes].view(np.uint16).reshape(e.shape), mode,
+                                            out_q=out[:n_q], out_s=out[n_q:n_q + n_s])
         except mxfp4.NonFiniteError as exc:
             raise InputError(f"{src.headers[t.shard].path}: tensor {t.name} has a non-finite value "
                              f"({exc.value}) at index {list(exc.index)}; nothing is quantized from it") from None
-        q_write.put(("part", packed, 0))
-        q_write.put(("end-of-tensor", scales, t.entry.nbytes))
+        finally:
+            in_pool.give(buf)
+        q_write.put(("part", packed, 0, None))
+        q_write.put(("end-of-tensor", scales, e.nbytes, lambda: out_pool.give(out)))
 
-    writer = _Stage(write, q_write, None)
-    quant = _Stage(quantize, q_quant, q_write)
+    largest_q = max((t.entry.nbytes for t in tensors if t.quantized), default=0)
+    in_pool = _Pool(IN_SLOTS, max(CHUNK, largest_q))
+    out_pool = _Pool(OUT_SLOTS, largest_q // 4 + largest_q // 2 // mxfp4.BLOCK)
+    def discard(item):
+        if item[0] == "quant":
+            in_pool.give(item[2])
+        elif item[3] is not None:
+            item[3]()
+
+    writer = _Stage(write, q_write, None, discard)
+    quant = _Stage(quantize, q_quant, q_write, discard)
     writer.start()
     quant.start()
     hashes: dict[str, str] = {}
     fds: dict[str, int] = {}
     ok = False
     try:
-        q_write.put(("header", header, 0))
+        q_write.put(("header", header, 0, None))
         for t in tensors:
             if quant.error or writer.error:
                 break
@@ -134,8 +170,8 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
             h = blake3.blake3()
             e = t.entry
             if t.quantized:
-                buf = np.empty(e.nbytes // 2, dtype=np.uint16)
-                mv = memoryview(buf).cast("B")
+                buf = in_pool.take()
+                mv = memoryview(buf)[: e.nbytes]
                 _pread_into(fd, mv, e.begin)
                 h.update(mv)
                 q_quant.put(("quant", t, buf))
@@ -143,14 +179,16 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
                 pos = e.begin
                 while pos < e.end:
                     n = min(CHUNK, e.end - pos)
-                    buf = np.empty(n, dtype=np.uint8)  # not zero-filled, unlike bytearray
-                    _pread_into(fd, memoryview(buf), pos)
-                    h.update(buf)
+                    buf = in_pool.take()
+                    view = buf[:n]
+                    _pread_into(fd, memoryview(view), pos)
+                    h.update(view)
                     pos += n
                     last = pos >= e.end
-                    q_quant.put(("end-of-tensor" if last else "part", buf, e.nbytes if last else 0))
+                    q_quant.put(("end-of-tensor" if last else "part", view, e.nbytes if last else 0,
+                                 lambda b=buf: in_pool.give(b)))
                 if e.nbytes == 0:
-                    q_quant.put(("end-of-tensor", b"", 0))
+                    q_quant.put(("end-of-tensor", b"", 0, None))
             hashes[t.name] = h.hexdigest()
             # the source pages are not needed again; leave the page cache to the next reads
             os.posix_fadvise(fd, e.begin, e.nbytes, os.POSIX_FADV_DONTNEED)
