@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any
 
 from fixpack.errors import FixFailed
 
@@ -35,7 +36,7 @@ class Rewrite:
     target: str = ""
     nodes: tuple[str, ...] | list[str] = ()
 
-    def rewrite(self, qualname: str, node: cst.CSTNode) -> cst.CSTNode:  # pragma: no cover
+    def rewrite(self, qualname: str, node: Any) -> Any:  # pragma: no cover - a libcst node, or DefinitionText in a pinned run
         raise NotImplementedError
 
 
@@ -59,7 +60,7 @@ def node_code(node: cst.CSTNode) -> str:
         return known[1]
     import libcst as cst
 
-    return cst.Module(body=[node]).code if isinstance(node, cst.BaseStatement) else cst.Module([]).code_for_node(node)
+    return cst.Module(body=[node]).code if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) else cst.Module([]).code_for_node(node)
 
 
 class NeedsTree(Exception):
@@ -94,7 +95,7 @@ def dedent(text: str, by: int) -> str:
     return "\n".join(line[by:] if line.startswith(pad) else line for line in text.split("\n"))
 
 
-def replace_once(node: cst.BaseStatement, old: str, new: str, *, indent: int = 0, what: str = "") -> cst.BaseStatement:
+def replace_once(node: Any, old: str, new: str, *, indent: int = 0, what: str = "") -> Any:
     """Replace the text ``old`` by ``new`` inside one definition, exactly once.
 
     ``indent``: the snippets are written as they sit in the file, where the definition is
@@ -128,10 +129,10 @@ def replace_once(node: cst.BaseStatement, old: str, new: str, *, indent: int = 0
     return replaced
 
 
-def _walk_defs(body: Iterable[cst.CSTNode], prefix: str, out: dict[str, list[tuple]]):
+def _walk_defs(body: Iterable[cst.CSTNode], prefix: str, out: dict[str, list[Any]]):
     import libcst as cst
 
-    for index, stmt in enumerate(body):
+    for stmt in body:
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             name = f"{prefix}{stmt.name.value}"
             out.setdefault(name, []).append(stmt)
@@ -292,7 +293,8 @@ def _rewrite_span(inst: Rewrite, qualname: str, lines: list[str], first: int, la
     import libcst as cst
 
     module = cst.parse_module(wrapped)
-    dummy, holder = module.body[0], module.body[1]
+    dummy = module.body[0]
+    holder: Any = module.body[1]  # the `if True:` block that keeps a method's indentation, or the definition
     original = holder.body.body[0] if indent else holder
     new = inst.rewrite(qualname, original)
     if not isinstance(new, cst.CSTNode):
@@ -349,7 +351,7 @@ def _locate(classes: list[type[Rewrite]], target: str, text: str, anchors: dict 
 
 def _overlap(spans: list[tuple]) -> tuple | None:
     ordered = sorted(spans, key=lambda s: s[:2])
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in zip(ordered, ordered[1:], strict=False):
         if b[0] <= a[1]:
             return a, b
     return None
@@ -378,6 +380,7 @@ def apply_rewrites(rewrites: list[type[Rewrite]], target: str, source: str, anch
     if clash is not None and clash[0][3] is clash[1][3]:
         raise RewriteError(f"{clash[0][3].__name__}: {clash[0][2]} and {clash[1][2]} overlap; rewrite the outer one only")
     located = {}
+    groups: list[tuple[list, list | None]]
     if clash is None:
         groups = [(classes, spans)]
         located = {q: [first, last] for first, last, q, _ in spans}

@@ -167,7 +167,7 @@ def rebase_file_patch(data: bytes, fp: FilePatch) -> tuple[str, bytes | None, li
     if ok:
         out: list[bytes] = []
         prev = 0
-        for h, pos in zip(fp.hunks, positions):
+        for h, pos in zip(fp.hunks, positions, strict=True):
             out.extend(lines[prev:pos])
             out.extend(h.new)
             prev = pos + len(h.old)

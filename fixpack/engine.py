@@ -13,20 +13,19 @@ import json
 import os
 import shutil
 import stat
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack import __version__
-from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
+from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.hashing import sha256_bytes, sha256_file, short
 from fixpack.lockfile import Lock, selection_key
 from fixpack.pack import Fix, Pack, Port, Profile
 from fixpack.paths import resolve_inside
-from fixpack.verify import Lines
 from fixpack.store import Store, atomic_write, crashpoint, drop_bytecode, fs_error
+from fixpack.verify import Lines
 from fixpack.watch import TreeWatch
 from fixpack.worker import SANDBOX_MODES
 
@@ -96,7 +95,7 @@ class Engine:
         return resolve_inside(self.found[package], sub, where=rel)
 
     def current(self, rels) -> dict[str, str | None]:
-        out = {}
+        out: dict[str, str | None] = {}
         for rel in rels:
             p = self.path(rel)
             try:
@@ -131,7 +130,7 @@ class Engine:
                 exp[rel] = after
         return exp
 
-    def step_record(self, fix: Fix, files: dict[str, list[str]]) -> dict:
+    def step_record(self, fix: Fix, files: dict[str, list[str | None]]) -> dict:
         step = {"fix": fix.id, "layer": fix.layer, "fix_hash": self._fix_hash[fix.id], "files": files}
         if fix.layer == "profile" and fix.dir != self.pack.root / "fixes" / fix.id:
             step["dir"] = fix.dir.relative_to(self.pack.root).as_posix()  # a profile's own fixes folder
@@ -244,7 +243,7 @@ class Engine:
 
     def commit(self, op: str, step: dict, changes: dict[str, tuple[bytes, bytes]], steps_before: list[dict]) -> list[dict]:
         """Write a fix's files all-or-nothing: backups, journal, renames, state, journal gone."""
-        for rel, (old, new) in changes.items():
+        for old, new in changes.values():
             self.store.put(old)
             self.store.put(new)
         files = {rel: [sha256_bytes(o), sha256_bytes(n)] for rel, (o, n) in changes.items()}
@@ -253,7 +252,7 @@ class Engine:
         crashpoint(f"journal written for {op} {step['fix']}")
         done: list[str] = []
         try:
-            for rel, (old, new) in changes.items():
+            for rel, (_old, new) in changes.items():
                 p = self.path(rel)
                 # The target may have been swapped (directory, symlink, other bytes) since it was read.
                 if self.current([rel])[rel] != files[rel][0]:
@@ -501,7 +500,7 @@ class Engine:
         t0 = time.perf_counter()
         rels = fix.target_rels
         if pins is not None and set(pins) != set(rels):
-            raise ConfigError(f"{fix.id}: fix.yaml targets {sorted(rels)} but {self.lock.path.name} pins {sorted(pins)}; run `fixpack lock --profile {self.profile.name}`; nothing was changed")
+            raise ConfigError(f"{fix.id}: fix.yaml targets {sorted(rels)} but {self.lock.path.name if self.lock else 'the lock'} pins {sorted(pins)}; run `fixpack lock --profile {self.profile.name}`; nothing was changed")
         cur = self.current(rels)
         for rel in rels:
             if cur[rel] is None:

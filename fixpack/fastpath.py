@@ -81,7 +81,7 @@ def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str
     if [s.get("fix") for s in steps] != [s["fix"] for s in sel["steps"]]:
         return None
     final: dict[str, str] = {}
-    for pinned, recorded in zip(sel["steps"], steps):
+    for pinned, recorded in zip(sel["steps"], steps, strict=True):  # equal lengths: checked above
         entry = lock["fixes"][pinned["fix"]]
         layer = entry.get("layer", "profile")
         base = os.path.join(pack_root, "ports", layer[5:], "fixes") if layer.startswith("port:") else os.path.join(pack_root, "fixes")

@@ -136,6 +136,7 @@ class ForkServer:
 
     def run(self, job: dict, timeout: float) -> dict:
         self.start()
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
         try:
             self.proc.stdin.write((json.dumps(dict(job, timeout=timeout)) + "\n").encode())
             self.proc.stdin.flush()
@@ -153,6 +154,7 @@ class ForkServer:
 
     def _died(self, what: str) -> str:
         proc, self.proc = self.proc, None
+        assert proc is not None
         proc.kill()
         err = proc.communicate()[1].decode("utf-8", "replace").strip().splitlines()
         return f"the fix process server {what}" + (f": {err[-1]}" if err else "")
@@ -162,13 +164,15 @@ class ForkServer:
         if proc is None:
             return
         try:
-            proc.stdin.close()
+            if proc.stdin is not None:
+                proc.stdin.close()
             proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
         for stream in (proc.stdout, proc.stderr):
-            stream.close()
+            if stream is not None:
+                stream.close()
 
 
 if __name__ == "__main__":

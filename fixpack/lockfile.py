@@ -29,7 +29,7 @@ class Lock:
         self.data = data
 
     @classmethod
-    def load(cls, path: Path) -> "Lock":
+    def load(cls, path: Path) -> Lock:
         try:
             data = json.loads(path.read_bytes())
         except FileNotFoundError:

@@ -236,13 +236,13 @@ class Pack:
             return e.dir
         return None if profile.fixes_dir == "fixes" else f"{profile.fixes_dir}/{e.id}"
 
-    def selection(self, profile: Profile, opt_ins: list[str] = (), port: Port | None = None) -> list[Fix]:
+    def selection(self, profile: Profile, opt_ins: list[str] | tuple[str, ...] = (), port: Port | None = None) -> list[Fix]:
         """Port patches first (the layer below), then the profile's defaults and the named
         opt-ins, always in pack order whatever order they were named in."""
         valid = profile.opt_ins
         for name in opt_ins:
             if name not in valid:
-                hint = f" (did you mean an option? opt-in names never start with '-')" if name.startswith("-") else ""
+                hint = " (did you mean an option? opt-in names never start with '-')" if name.startswith("-") else ""
                 raise ConfigError(
                     f"unknown opt-in fix {name!r} for profile {profile.name}{hint}; valid opt-ins: {', '.join(valid) or 'none'}"
                 )

@@ -199,7 +199,8 @@ def add_clone(name: str, path: Path) -> Path:
     except git.GitCommandError as exc:
         # A clone with a damaged side branch: take the tags and the release lines one by one.
         first_error = (exc.stderr or str(exc)).strip().splitlines()[-1]
-        refs = [line.split("\t")[1] for line in repo.git.ls_remote(url).splitlines() if "\t" in line]
+        listing = str(repo.git.ls_remote(url))
+        refs = [line.split("\t")[1] for line in listing.splitlines() if "\t" in line]
         wanted = [r for r in refs if r.startswith("refs/tags/") or r in ("refs/heads/main", "refs/heads/master") or r.startswith("refs/heads/releases/")]
         got, skipped = 0, []
         for ref in wanted:

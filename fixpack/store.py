@@ -48,7 +48,7 @@ def fs_error(exc: OSError, what: str) -> EnvironmentFault:
         errno.EACCES: "permission denied",
         errno.EPERM: "operation not permitted",
         errno.EDQUOT: "disk quota exceeded",
-    }.get(exc.errno, exc.strerror or str(exc))
+    }.get(exc.errno or 0, exc.strerror or str(exc))
     return EnvironmentFault(f"{what}: {reason}")
 
 
@@ -236,7 +236,7 @@ class Store:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     os.close(fd)
-                    raise Locked(f"another fixpack run holds {self.lock_path} for more than {timeout:.0f} s; wait for it or check for a hung process")
+                    raise Locked(f"another fixpack run holds {self.lock_path} for more than {timeout:.0f} s; wait for it or check for a hung process") from None
                 time.sleep(0.05)
         self._lock_fd = fd
 

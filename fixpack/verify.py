@@ -30,7 +30,7 @@ class Lines:
             print(text, flush=True)
 
 
-def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Reporter) -> tuple[int, dict]:
+def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Lines) -> tuple[int, dict]:
     """What the image holds, from the state record and the files themselves."""
     state = store.read_state()
     result: dict = {"state": str(store.state_path), "fixes": [], "files": {}, "drift": False}
@@ -50,12 +50,12 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Repo
                 package, sub = rel.split("/", 1)
                 if package in found:
                     p = found[package] / sub
-                    cur = sha256_file(p) if p.is_file() else None
-                    status = "untouched" if cur == h else "drifted"
-                    result["files"][rel] = {"status": status, "found": cur, "expected": h}
+                    now = sha256_file(p) if p.is_file() else None
+                    status = "untouched" if now == h else "drifted"
+                    result["files"][rel] = {"status": status, "found": now, "expected": h}
                     if status != "untouched":
                         result["drift"] = True
-                        report.line(rel, status, f"found {short(cur)}, pristine is {short(h)}")
+                        report.line(rel, status, f"found {short(now)}, pristine is {short(h)}")
         return (5 if result["drift"] else 0), result
     result["applied"] = {k: state.get(k) for k in ("profile", "port", "opt_in", "key", "tool_version", "updated")}
     report.say(f"profile {state.get('profile')}  selection {state.get('key')}  by fixpack {state.get('tool_version')} at {state.get('updated')}")

@@ -126,7 +126,7 @@ class TreeWatch:
         out += [Change(p, "removed") for p in self.before if p not in now]
         out += [Change(p, "created") for p in now if p not in self.before]
         # files first: a folder changes only because an entry in it did
-        out.sort(key=lambda c: (stat.S_ISDIR((self.before.get(c.path) or now.get(c.path))[5]), c.path))
+        out.sort(key=lambda c: (stat.S_ISDIR((self.before.get(c.path) or now[c.path])[5]), c.path))
         if not out:
             self.before = now
         return out

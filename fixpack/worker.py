@@ -20,7 +20,6 @@ import os
 import sys
 from pathlib import Path
 
-
 SANDBOX_MODES = ("auto", "landlock", "hook")
 
 
@@ -30,7 +29,8 @@ def confine(stage_dir: str, mode: str) -> dict:
     off). Returns what is in force, for the state record."""
     if mode == "hook":
         return {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}
-    from fixpack.landlock import Unavailable, confine as landlock_confine
+    from fixpack.landlock import Unavailable
+    from fixpack.landlock import confine as landlock_confine
 
     try:
         return {"sandbox": "landlock", "abi": landlock_confine(stage_dir)}
@@ -101,11 +101,11 @@ def run(job: dict) -> dict:
                 raise PermissionError(f"{patch_file}: changes {fp.path}, which fix.yaml does not declare as a target")
         by_rel = {fp.path: fp for fp in patches}
         for t in job["targets"]:
-            fp = by_rel.get(t["rel"])
-            if fp is None:
+            found = by_rel.get(t["rel"])
+            if found is None:
                 raise ValueError(f"{patch_file}: declares target {t['rel']} but the diff does not change it")
             data = Path(t["src"]).read_bytes()
-            new = apply_file_patch(data, fp, where=str(patch_file))
+            new = apply_file_patch(data, found, where=str(patch_file))
             Path(t["out"]).write_bytes(new)
             outputs[t["rel"]] = t["out"]
     else:
@@ -161,7 +161,7 @@ def execute(job: dict) -> int:
     try:
         result = run(job)
     except Exception as exc:  # reported to the driver; the driver decides the exit code
-        report = {"error": f"{type(exc).__name__}: {exc}", "protection": protection}
+        report: dict = {"error": f"{type(exc).__name__}: {exc}", "protection": protection}
         if isinstance(exc, OSError) and exc.errno:
             report["errno"] = exc.errno  # a full or read-only disk is the environment's fault, not the fix's
             if protection["sandbox"] == "landlock" and exc.errno in (errno.EACCES, errno.EPERM, errno.EXDEV):
