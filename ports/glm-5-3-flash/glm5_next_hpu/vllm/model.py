@@ -7,9 +7,9 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
   dtypes of vLLM's ``kda_state_shape`` / ``kda_state_dtype`` -- on the GDN metadata builder
   (``MambaAttentionBackendEnum.GDN_ATTN``: query_start_loc, state indices, has_initial_state).
   The core runs the port's PyTorch kernels (``chunk_kda`` prefill, ``fused_recurrent_kda``
-  decode) inside one custom op; the carry between prefill chunks is the GLM5_NEXT_KDA_SCAN
-  switch, passed to ``chunk_kda`` as ``use_scan`` (unset: the scan on HPU, the sequential
-  carry on CPU), reading and writing the engine's state slots with whole-tensor ``copy_``. It
+  decode) inside one custom op, reading and writing the engine's state slots with whole-tensor
+  ``copy_``. The carry between prefill chunks is the GLM5_NEXT_KDA_SCAN switch, passed to
+  ``chunk_kda`` as ``use_scan`` (unset: the scan on HPU, the sequential carry on CPU). It
   implements only the non-caching state contract, so the model refuses prefix caching.
   Parameter plumbing follows vLLM's Kimi KDA layer (separate q/k/v conv weights, ``A_log`` held
   as [1, 1, H/tp, 1] and reshaped from the flat checkpoint tensor *before* sharding, fp32
