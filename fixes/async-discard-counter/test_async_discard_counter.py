@@ -17,6 +17,7 @@ def scheduler_and_request(tree):
     return scheduler, request
 
 
+@pytest.mark.red_raises("AttributeError")
 def test_spurious_frame_is_dropped_without_error(scheduler_and_request):
     scheduler, request = scheduler_and_request
     tokens, stopped = scheduler._update_request_with_output(request, [42])
@@ -24,6 +25,7 @@ def test_spurious_frame_is_dropped_without_error(scheduler_and_request):
     assert list(request.output_token_ids) == []
 
 
+@pytest.mark.red_raises("AttributeError")
 def test_dropping_a_frame_drains_one_pending_discard(scheduler_and_request):
     scheduler, request = scheduler_and_request
     request.async_tokens_to_discard = 2

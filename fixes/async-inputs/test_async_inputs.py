@@ -31,8 +31,20 @@ def env(tree, monkeypatch):
 
     monkeypatch.setattr(hmr, "async_h2d_copy", cpu_copy)
 
+    import vllm.utils.torch_utils as torch_utils
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+
+    # No pinned host memory (vLLM's platform probe says yes on this CPU-only machine, torch says no).
+    monkeypatch.setattr(torch_utils, "PIN_MEMORY", False)
+
+    # The runner builds the batch with vLLM's builtin logits processors; min_tokens is the one
+    # that reads the output history (fed by logitsprocs-rows).
+    procs = LogitsProcessors([MinTokensLogitsProcessor(SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8)),
+                                                       torch.device("cpu"), False)])
     batch = InputBatch(max_num_reqs=8, max_model_len=64, max_num_batched_tokens=64, device=torch.device("cpu"),
-                       pin_memory=False, vocab_size=1000, block_sizes=[BLOCK], kernel_block_sizes=[BLOCK])
+                       pin_memory=False, vocab_size=1000, block_sizes=[BLOCK], kernel_block_sizes=[BLOCK],
+                       logitsprocs=procs)
     runner = object.__new__(hmr.HPUModelRunner)
     max_tokens = 64
     runner.__dict__.update(
@@ -60,9 +72,9 @@ def env(tree, monkeypatch):
     )
     runner.positions_np = runner.positions_cpu.numpy()
 
-    def add(req_id, outputs, computed=None, penalty=0.0):
+    def add(req_id, outputs, computed=None, penalty=0.0, **params):
         prompt = list(range(10, 16))
-        params = SamplingParams(max_tokens=32, presence_penalty=penalty)
+        params = SamplingParams(max_tokens=32, presence_penalty=penalty, **params)
         state = CachedRequestState(req_id=req_id, prompt_token_ids=prompt, mm_features=[], sampling_params=params,
                                    generator=None, block_ids=[list(range(1, 9))],
                                    num_computed_tokens=len(prompt) + len(outputs) - 1 if computed is None else computed,
@@ -100,6 +112,16 @@ def test_readded_decode_keeps_its_cpu_token(env):
     ids = env.decode_input_ids({"a": 1, "b": 1, "c": 1})
     assert ids[:2] == [501, 502]
     assert ids[2] == 303, f"re-added decode fed {ids[2]} (stale device buffer) instead of its last token 303"
+
+
+def test_first_async_step_takes_the_cpu_tokens(env):
+    # No step has sampled on the device yet (prev_sampled_token_ids is None): every decode's
+    # input id is the one in the CPU batch.
+    env.add("a", [101])
+    env.add("b", [201, 202])
+    assert env.batch.prev_sampled_token_ids is None
+    env.runner.input_ids_hpu[:] = STALE
+    assert env.decode_input_ids({"a": 1, "b": 1}) == [101, 202]
 
 
 def test_no_request_in_common_uses_cpu_tokens(env):
@@ -160,3 +182,24 @@ def test_readded_request_takes_the_schedulers_history(env, monkeypatch):
     index = env.batch.req_id_to_index["r"]
     assert env.runner.requests["r"].output_token_ids == []
     assert env.batch.num_tokens[index] == 6
+
+
+def test_min_tokens_lets_stop_tokens_through_once_reached(env):
+    # With logitsprocs-rows, vLLM's MinTokens processor masks a request's stop tokens while its
+    # output history is shorter than min_tokens. In async mode that history must advance, or the
+    # stop tokens stay masked for the whole generation.
+    import torch
+    from vllm.v1.sample.sampler import Sampler
+
+    stop, other = 5, 6
+    env.add("m", [], computed=6, min_tokens=2, stop_token_ids=[stop], temperature=0.0)
+    env.batch.refresh_sampling_metadata()
+    picked = []
+    for step, tok in enumerate([other, other, other]):
+        env.previous_step({"m": tok})
+        meta = env.runner._prepare_sampling(False, ["m"], 1)
+        logits = torch.zeros(1, 1000)
+        logits[0, stop], logits[0, other] = 10.0, 9.0
+        picked.append(Sampler()(logits, meta).sampled_token_ids.flatten().tolist()[0])
+    # Histories before each call: [6] (1 < 2: masked), [6, 6] and [6, 6, 6] (reached: allowed).
+    assert picked == [other, stop, stop], f"tokens picked with min_tokens=2 over three async steps: {picked}"

@@ -59,6 +59,7 @@ def test_other_requests_bad_words_do_not_mask_this_row(mods):
     assert sample(m, batch, states, ["a"]) == {"a": TOKEN + 1}
 
 
+@pytest.mark.red_raises("IndexError")
 def test_bad_words_of_a_later_request_in_a_smaller_call(mods):
     """a sits at batch index 2 but is row 0 of its sampling call: on the pristine tree the
     sampler indexes logits row 2 of a one-row tensor (IndexError, engine stops)."""
@@ -69,6 +70,7 @@ def test_bad_words_of_a_later_request_in_a_smaller_call(mods):
     assert sample(m, batch, states, ["x", "y"]) == {"x": TOKEN, "y": TOKEN}
 
 
+@pytest.mark.red_raises("IndexError")
 def test_multi_token_bad_word_uses_this_requests_history(mods):
     m = mods
     batch, states = make_batch(m, [("x", None), ("a", [[4, TOKEN]])])

@@ -115,6 +115,17 @@ def test_removed_requests_state_does_not_leak_into_a_reused_slot(mods):
     assert bt.sample(["b", "c"]) == {"b": 5, "c": TOP}
 
 
+def test_a_finished_request_leaves_no_state_behind(mods):
+    bt = Batch(mods)
+    bt.step(add=[("x", dict(temperature=0.0)), ("y", dict(temperature=0.0)),
+                 ("b", dict(temperature=0.0, logit_bias={5: 100.0}))])
+    assert bt.sample(["x", "y", "b"]) == {"x": TOP, "y": TOP, "b": 5}
+    # b (the last index: nothing is condensed into its slot) finishes; its bias must go with it.
+    bt.step(remove=["b"])
+    assert bt.b.req_ids == ["x", "y"]
+    assert bt.sample(["y", "x"]) == {"y": TOP, "x": TOP}
+
+
 def test_min_p_filters_unlikely_tokens_for_its_request(mods):
     m = mods
     bt = Batch(m)

@@ -98,6 +98,7 @@ CASES = pytest.mark.parametrize(
 
 
 @CASES
+@pytest.mark.red_raises("OverflowError", "TypeError")
 def test_sample_logprob_with_undecodable_id_gets_placeholder(tree, kind, bad):
     from vllm.v1.engine.output_processor import OutputProcessor
 
@@ -122,6 +123,7 @@ def test_sample_logprob_with_undecodable_id_gets_placeholder(tree, kind, bad):
 
 
 @CASES
+@pytest.mark.red_raises("OverflowError", "TypeError")
 def test_prompt_logprob_with_undecodable_id_gets_placeholder(tree, kind, bad):
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.outputs import LogprobsTensors
@@ -144,6 +146,7 @@ def test_prompt_logprob_with_undecodable_id_gets_placeholder(tree, kind, bad):
 
 
 @pytest.mark.parametrize("bad", [-7, 2**40], ids=["negative", "huge"])
+@pytest.mark.red_raises("OverflowError")
 def test_undecodable_sampled_id_in_utf8_repair_context(tree, bad):
     """A sampled id that cannot be decoded, followed by a byte-fallback piece: the UTF-8
     repair decodes the previous sampled ids together with the new one."""

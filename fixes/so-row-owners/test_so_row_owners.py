@@ -11,6 +11,7 @@ def env(tree, monkeypatch):
     return sampling_env(monkeypatch)
 
 
+@pytest.mark.red_raises("IndexError")
 def test_mask_goes_to_owner_row_when_a_chunk_has_no_row(env):
     e = env
     favourite = {"d0": 10, "pp": 30, "p1": 20}
@@ -30,6 +31,7 @@ def test_mask_goes_to_owner_row_when_a_chunk_has_no_row(env):
     assert out == {"d0": [11], "pp": [], "p1": [21]}
 
 
+@pytest.mark.red_raises("IndexError")
 def test_mask_goes_to_owner_row_after_reordering(env):
     """The decodes-first reordering moves a request's batch index; its mask follows it."""
     e = env

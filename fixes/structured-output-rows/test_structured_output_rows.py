@@ -11,6 +11,7 @@ def env(tree, monkeypatch):
     return sampling_env(monkeypatch)
 
 
+@pytest.mark.red_raises("RuntimeError")
 def test_rows_are_sampled_with_their_own_parameters(env):
     """d1 may only produce token 5 (allowed_token_ids); p2 has no restriction. The rows
     are [decodes..., prefill rows...]; the pristine runner builds the parameters as

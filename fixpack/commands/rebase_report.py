@@ -1,18 +1,27 @@
 """fixpack rebase-report: what happens to each fix on another release.
 
 Each fix, in pack order (defaults and every opt-in), is tried on the other release's
-pristine tree, stacked on the fixes before it that still apply. Classes:
+pristine tree, stacked on the fixes before it that still apply. By default its tests also run
+there without it (`--no-tests`: the text-only report): every test green means the new release
+no longer has the defect, whatever the text says. Classes:
   exact     applies exactly
   offset    applies at an offset: needs a refresh (the refreshed diff is shown)
   conflict  some hunks no longer match (named)
-  upstream  already upstream: the new release has the fixed state (or, with --run-tests,
-            the fix's test passes without it): retire it
+  upstream  already upstream: retire it. Its tests pass on the new release without it, or
+            the new release has the fixed text (a codemod changes nothing, a diff's new side
+            is there)
+  duplicate its change would apply, but the lines it adds are already in the target: upstream
+            fixed it in its own place, and applying it would add them twice
   moved     a target file moved or was removed
   nomatch   a codemod's anchors match nothing
+A test run is reported beside the class: green (retire), red (the defect is still there:
+carry the fix), or "cannot run" (the new release breaks the test itself; the class is then
+from the text alone).
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 from pathlib import Path
@@ -26,7 +35,10 @@ def add_parser(sub):
     p.add_argument("--profile")
     p.add_argument("--pack", type=Path)
     p.add_argument("--onto", action="append", default=[], metavar="PACKAGE=REF", help="e.g. vllm_gaudi=<commit or tag>, vllm=0.27.0")
-    p.add_argument("--run-tests", action="store_true", help="also run each fix's test on the new release without the fix")
+    p.add_argument("--no-tests", action="store_true", help="text only: do not run each fix's tests on the new release without it")
+    p.add_argument("--run-tests", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
+    p.add_argument("--only", nargs="*", default=None, help="report only these fixes (the ones before them are still stacked)")
+    p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--show-diffs", action="store_true", help="print refreshed diffs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run, command_name="rebase-report")
@@ -97,40 +109,127 @@ def classify(fix, tree: Path, found: dict) -> tuple[str, dict[str, bytes], list[
     return ("upstream" if same else "exact"), ({} if same else changes), (["the codemod changes nothing: the fixed code is already there"] if same else []), ""
 
 
+def _significant(line: str) -> str | None:
+    """An added line worth looking for: code, not blank, not a comment, not a lone keyword or
+    bracket (``return False``-sized lines match anywhere and prove nothing)."""
+    text = line.strip()
+    if not text or text.startswith("#") or len(text) < 12:
+        return None
+    return text
+
+
+def added_lines(fix, tree: Path) -> dict[str, list[str]]:
+    """The significant lines the fix adds, by target: a diff's '+' lines, a codemod's new
+    text beyond its old text."""
+    out: dict[str, list[str]] = {}
+    if fix.kind == "diff":
+        from fixpack.diffpatch import parse_diff
+
+        for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
+            for h in fp.hunks:
+                old = {l.decode("utf-8", "replace").strip() for l in h.old}
+                for l in h.new:
+                    t = _significant(l.decode("utf-8", "replace"))
+                    if t and t not in old:
+                        out.setdefault(fp.path, []).append(t)
+        return out
+    from fixpack import proof
+
+    for rel, calls in proof.codemod_edits(fix).items():
+        for old, new in calls:
+            old_lines = {l.strip() for l in old.splitlines()}
+            for l in new.splitlines():
+                t = _significant(l)
+                if t and t not in old_lines:
+                    out.setdefault(rel, []).append(t)
+    return out
+
+
+def duplicates(fix, tree: Path) -> list[str]:
+    """Targets in which every significant line the fix adds is already present."""
+    found = []
+    for rel, lines in added_lines(fix, tree).items():
+        path = tree / rel
+        if not lines or not path.is_file():
+            continue
+        have = {l.strip() for l in path.read_text(errors="replace").splitlines()}
+        if all(l in have for l in lines):
+            found.append(f"{rel}: all {len(lines)} line(s) it adds are already there (e.g. {lines[0][:70]!r})")
+    return found
+
+
+def test_verdict(fix, tree: Path, timeout: float) -> tuple[str, str]:
+    """('green' | 'red' | 'cannot run', one line) for the fix's tests on ``tree``."""
+    from fixpack import proof
+
+    run = proof.run_tests(fix, tree, timeout)
+    if not run.reported:
+        return "cannot run", run.summary
+    if run.collect_errors:
+        return "cannot run", f"collection: {run.collect_errors[0]['cause']}"
+    guards = list(fix.meta.get("regression_guards") or [])
+    reds, broken, n = [], [], 0
+    for nodeid, rec in run.tests.items():
+        if any(proof.guard_matches(g, nodeid, rec["name"]) for g in guards):
+            continue  # a guard passes with or without the fix: it says nothing here
+        n += 1
+        fail = proof._failure(rec)
+        if fail is None:
+            continue
+        ok, cause = proof.red_of(rec)
+        (reds if ok else broken).append(f"{nodeid.split('::', 1)[-1]}: {cause}")
+    if broken:
+        return "cannot run", broken[0]
+    if reds:
+        return "red", f"{len(reds)} of {n} test(s) red: {reds[0]}"
+    return "green", f"all {n} test(s) pass without the fix"
+
+
 def run(args) -> int:
     from fixpack import release, sources
-    from fixpack.commands.check import run_tests
     from fixpack.store import atomic_write
 
     pack = pack_of(args)
     profile = pack.profile(profile_name(args, pack))
     srcs = new_sources(profile, args.onto)
     fixes = pack.selection(profile, profile.opt_ins)
+    if args.only is not None:
+        unknown = sorted(set(args.only) - {f.id for f in fixes})
+        if unknown:
+            raise ConfigError(f"--only: {', '.join(unknown)} not in profile {profile.name}")
     rows = []
     with release.scratch("fixpack-rebase-") as work:
         tree = sources.materialise(srcs, work / "tree")
         found = {p: tree / p for p in profile.packages}
         for fix in fixes:
-            if args.run_tests and fix.cpu_demonstrable:
-                rc, summary = run_tests(fix, tree, 900)
-            else:
-                rc, summary = None, ""
+            wanted = args.only is None or fix.id in args.only
+            tests = None
+            if wanted and not args.no_tests:
+                tests = test_verdict(fix, tree, args.test_timeout)
             cls, changes, notes, refreshed = classify(fix, tree, found)
-            if rc == 0 and cls not in ("moved",):
-                notes.append(f"its test passes on the new release without the fix ({summary})")
-                cls = "upstream"
+            if cls in ("exact", "offset"):
+                dup = duplicates(fix, tree)
+                if dup:
+                    cls, notes = "duplicate", notes + dup
+            if tests is not None:
+                notes.append(f"tests without the fix: {tests[0]} ({tests[1]})")
+                if tests[0] == "green" and cls != "moved":
+                    cls = "upstream"
             for rel, data in changes.items():
-                atomic_write(tree / rel, data, like=os.stat(tree / rel))  # the next fixes stack on it
-            rows.append({"fix": fix.id, "class": cls, "notes": notes, "refreshed_diff": refreshed})
+                if cls in ("exact", "offset"):
+                    atomic_write(tree / rel, data, like=os.stat(tree / rel))  # the next fixes stack on it
+            if wanted:
+                rows.append({"fix": fix.id, "class": cls, "tests": tests[0] if tests else None, "notes": notes, "refreshed_diff": refreshed})
     if args.json:
         emit_json({"profile": profile.name, "onto": srcs, "fixes": rows})
         return 0
     print(f"rebase report: profile {profile.name} onto " + ", ".join(f"{k}={v.get('tag') or v.get('version')}" for k, v in srcs.items() if k in dict(x.split('=', 1) for x in args.onto)))
-    labels = {"exact": "applies exactly", "offset": "applies at an offset (refresh)", "conflict": "CONFLICTS", "upstream": "already upstream: retire", "moved": "target moved/removed", "nomatch": "codemod matches nothing"}
+    labels = {"exact": "applies exactly", "offset": "applies at an offset (refresh)", "conflict": "CONFLICTS", "upstream": "already upstream: retire", "duplicate": "DUPLICATE: upstream has its lines", "moved": "target moved/removed", "nomatch": "codemod matches nothing"}
     for r in rows:
-        print(f"  {r['fix']:<34} {labels[r['class']]}")
-        for n in r["notes"][:4]:
-            print(f"      {n}")
+        t = f"  [tests without it: {r['tests']}]" if r["tests"] else ""
+        print(f"  {r['fix']:<34} {labels[r['class']]}{t}")
+        for n in r["notes"][:5]:
+            print(f"      {n[:200]}")
         if args.show_diffs and r["refreshed_diff"]:
             print("      refreshed diff:\n" + "\n".join("        " + l for l in r["refreshed_diff"].splitlines()))
     counts = {}

@@ -1,4 +1,4 @@
-"""The device-gate client (tests/hpu/gates.py) against a small OpenAI-compatible server.
+"""The device-gate client (the tests/hpu/gates package) against a small OpenAI-compatible server.
 
 The server here is a stand-in: stdlib http.server on 127.0.0.1 (random port), answering
 /v1/models, /tokenize (one token a word), /v1/completions and /v1/chat/completions, streamed
@@ -28,7 +28,9 @@ HPU = Path(__file__).resolve().parent / "hpu"
 
 
 def _load_gates():
-    spec = importlib.util.spec_from_file_location("glm_gates", HPU / "gates.py")
+    # Under its own name: the pack root has a gates/ folder too (the pack's device gates).
+    spec = importlib.util.spec_from_file_location("glm_gates", HPU / "gates" / "__init__.py",
+                                                  submodule_search_locations=[str(HPU / "gates")])
     mod = importlib.util.module_from_spec(spec)
     sys.modules["glm_gates"] = mod
     spec.loader.exec_module(mod)
@@ -254,16 +256,22 @@ def options(url, tmp_path, **over):
     (golden / "prompts.json").write_text(json.dumps(prompts))
     sink = tmp_path / "kernels" / "sinkhorn"
     sink.mkdir(parents=True, exist_ok=True)
-    fixdir = tmp_path / "fixgates"
-    fixdir.mkdir(exist_ok=True)
+    pack = tmp_path / "pack"  # a pack root: fixes/<id>/, ports/<p>/fixes/<id>/, gates/<name>/
+    pack.mkdir(exist_ok=True)
     base = dict(
         base_url=url, model=None, api_key=None, only=None, json=None, strict=False, timeout=10.0,
         golden_dir=golden, record_golden=None, needle_lengths=[300, 700], tool_doc_tokens=400, answer_tokens=64,
         chat_kwargs={"reasoning_effort": "low"}, decode_lengths=[100, 300], decode_floors=[15.0, 10.0], decode_tokens=8,
-        ttft_lengths=[100, 200, 300], ttft_limit=5.0, sinkhorn_dir=sink, sinkhorn_cmd=None, fix_gates_dir=fixdir, script_timeout=20.0,
+        ttft_lengths=[100, 200, 300], ttft_limit=5.0, sinkhorn_dir=sink, sinkhorn_cmd=None, pack_root=pack, script_timeout=20.0,
     )
     base.update(over)
     return SimpleNamespace(**base)
+
+
+def device_gate(opts, folder: str, code: str):
+    path = opts.pack_root / folder / "device_gate.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(code)
 
 
 def write_reference(opts, prompts_ids: dict):
@@ -280,7 +288,8 @@ def test_every_gate_passes_against_a_correct_server(serve, tmp_path):
     opts = options(s.url, tmp_path)
     write_reference(opts, {"a": golden_ids("one two three", 8), "b": golden_ids("four five", 4)})
     (opts.sinkhorn_dir / "gate.py").write_text("print('bit-identical 1..1024 rows')\n")
-    (opts.fix_gates_dir / "needs-server.py").write_text(
+    device_gate(
+        opts, "fixes/needs-server",
         "import os, sys, urllib.request\n"
         "urllib.request.urlopen(os.environ['GATE_BASE_URL'] + '/v1/models').read()\n"
         "print('model', os.environ['GATE_MODEL'])\n"
@@ -432,11 +441,13 @@ def test_fix_scripts_are_each_reported(serve, tmp_path):
     opts = options(s.url, tmp_path, only="fixes")
     (r,) = gates.run_gates(opts)
     assert (r.gate, r.result) == ("fixes", "missing")
-    (opts.fix_gates_dir / "a-ok.py").write_text("print('fine')\n")
-    (opts.fix_gates_dir / "b-bad.py").write_text("import sys; print('wrong rows'); sys.exit(3)\n")
-    (opts.fix_gates_dir / "_helper.py").write_text("raise SystemExit(1)\n")
+    device_gate(opts, "fixes/a-ok", "print('fine')\n")
+    device_gate(opts, "ports/p/fixes/b-bad", "import sys; print('wrong rows'); sys.exit(3)\n")
+    device_gate(opts, "gates/c-undecided", "import sys; print('ids differ at row 3'); sys.exit(1)\n")
+    (opts.pack_root / "fixes" / "a-ok" / "helper.py").write_text("raise SystemExit(1)\n")  # not a gate
     results = gates.run_gates(opts)
-    assert [(x.gate, x.result, x.figures) for x in results] == [("fix:a-ok", "pass", "rc 0: fine"), ("fix:b-bad", "fail", "rc 3: wrong rows")]
+    assert [(x.gate, x.result, x.figures) for x in results] == [
+        ("fix:a-ok", "pass", "rc 0: fine"), ("fix:b-bad", "fail", "rc 3: wrong rows"), ("fix:c-undecided", "fail", "rc 1: ids differ at row 3")]
 
 
 def test_a_server_that_is_down_gives_errors_and_exit_1(tmp_path, capsys):
@@ -492,6 +503,6 @@ def test_the_server_stops_itself_after_its_request_budget(serve):
 
 def test_fix_scripts_run_without_a_server(tmp_path):
     opts = options("http://127.0.0.1:9", tmp_path, only="fixes", timeout=1.0)
-    (opts.fix_gates_dir / "offline.py").write_text("import os; print('model=' + os.environ['GATE_MODEL'])\n")
+    device_gate(opts, "fixes/offline", "import os; print('model=' + os.environ['GATE_MODEL'])\n")
     (r,) = gates.run_gates(opts)
     assert (r.gate, r.result, r.figures) == ("fix:offline", "pass", "rc 0: model=")

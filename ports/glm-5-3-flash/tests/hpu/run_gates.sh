@@ -2,7 +2,7 @@
 # Device gates of the GLM-5.3-Flash port, against a server launched as the recipe says
 # (`fixpack recipe show`), on a Gaudi card. Not part of the CPU test run.
 #
-#   ports/glm-5-3-flash/tests/hpu/run_gates.sh [gates.py options...]
+#   ports/glm-5-3-flash/tests/hpu/run_gates.sh [options of python -m gates...]
 #
 # Environment: GATE_BASE_URL (default http://127.0.0.1:8000), GATE_RESULTS (folder for the
 # JSON, default ./gate-results), GATE_WAIT_S (how long to wait for the server, default 3600:
@@ -10,7 +10,7 @@
 #   run_gates.sh                                  # every gate
 #   run_gates.sh --only golden,tools,images       # some of them
 #   run_gates.sh --only sinkhorn,fixes            # the kernel and fix checks
-# Exit code: gates.py's (0 all pass, 1 a gate failed or errored, 2 bad usage), 3 no server.
+# Exit code: the gates package's (0 all pass, 1 a gate failed or errored, 2 bad usage), 3 no server.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,7 +38,7 @@ fi
 
 mkdir -p "$results"
 out="${results}/gates-$(date -u +%Y%m%dT%H%M%SZ).json"
-"$python" "${here}/gates.py" --base-url "$base" --json "$out" "$@"
+PYTHONPATH="${here}${PYTHONPATH:+:$PYTHONPATH}" "$python" -m gates --base-url "$base" --json "$out" "$@"
 rc=$?
 echo "results: $out" >&2
 exit $rc

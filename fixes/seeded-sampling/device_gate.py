@@ -1,6 +1,6 @@
 """Device gate for the unconfirmed half of seeded-sampling (runs on a Gaudi card only).
 
-Destination: ports/glm-5-3-flash/tests/hpu/gates/seeded-sampling.py. Not run by the CPU tests.
+Not run by the CPU tests (its verdict is: tests/test_device_gates.py).
 
 The write-up names a segfault of seeded requests on tensor-parallel workers. In the pinned
 source a seeded request gets torch.Generator(device="hpu") (HPUModelRunner._update_states),
@@ -8,7 +8,7 @@ used only by vLLM's random_sample: q[i].exponential_(generator=g) on an HPU tens
 runs exactly that on every visible card at once (one process per card, as TP workers do) and
 checks that it neither crashes nor differs between cards or from a second run. Exit 0: pass.
 
-    python3 gate_seeded_generator_hpu.py [num_cards]
+    python3 fixes/seeded-sampling/device_gate.py [num_cards]
 """
 
 import os
@@ -36,6 +36,12 @@ def worker(rank, results, steps=32, vocab=151552):
     results[rank] = tokens
 
 
+def verdict(runs: list[list[list[int]]]) -> bool:
+    """Every card's seeded stream, in every run, is the first card's first stream."""
+    streams = [stream for run in runs for stream in run]
+    return bool(streams) and all(s == streams[0] for s in streams)
+
+
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     runs = []
@@ -44,8 +50,7 @@ def main():
             results = manager.dict()
             mp.spawn(worker, args=(results, ), nprocs=n, join=True)  # a segfault fails the spawn
             runs.append([results[r] for r in range(n)])
-    first = runs[0][0]
-    ok = all(stream == first for run in runs for stream in run)
+    ok = verdict(runs)
     print("seeded streams identical across cards and runs:", ok)
     sys.exit(0 if ok else 1)
 
