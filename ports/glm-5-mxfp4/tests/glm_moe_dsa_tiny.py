@@ -96,3 +96,9 @@ def _add_mtp_layer(path: str, index: dict, cfg, seed: int) -> None:
     c["num_nextn_predict_layers"] = 1
     with open(cfg_path, "w") as f:
         json.dump(c, f, indent=2)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(make(sys.argv[1]))
