@@ -346,6 +346,24 @@ def resolve(sources: dict[str, dict], packages: list[str] | None = None) -> dict
     return out
 
 
+def test_sources(sources: dict[str, dict], package: str) -> tuple[dict[str, dict], str]:
+    """The sources of a tree in which the fixes of ``package`` are tested, and its label.
+
+    A package on its release is tested beside the other packages as the profile resolves them.
+    A package on a development base that names ``imports_with`` (the releases its code imports
+    with) is tested beside those instead: vllm-gaudi main, say, imports with vLLM 0.27.0 and not
+    with the vLLM the release pairs it with. Its fixes' pins are unaffected: they touch only it."""
+    resolved = resolve(sources)
+    got = resolved[package]
+    label = f"{package}: {got['base']} base {got['spec'].get('branch') or got['spec'].get('tag') or got['spec'].get('version') or ''} {str(got['spec'].get('commit') or '')[:9]}".replace("  ", " ")
+    specs = {p: r["spec"] for p, r in resolved.items()}
+    companions = got["spec"].get("imports_with") or {}
+    for other, spec in companions.items():
+        specs[other] = release_spec(spec)
+        label += f", beside {other} {spec.get('version') or spec.get('commit')}"
+    return specs, label
+
+
 def materialise(sources: dict[str, dict], dest: Path, packages: list[str] | None = None) -> Path:
     """A scratch tree ``dest/<package>/`` for each package, hard-linked from the cache.
 
