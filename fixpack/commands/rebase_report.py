@@ -135,7 +135,7 @@ def added_lines(fix, tree: Path) -> dict[str, list[str]]:
         return out
     from fixpack import proof
 
-    for rel, calls in proof.codemod_edits(fix).items():
+    for rel, calls in proof.codemod_edits(fix, tree).items():
         for old, new in calls:
             old_lines = {l.strip() for l in old.splitlines()}
             for l in new.splitlines():
