@@ -6,8 +6,9 @@ Builds a synthetic glm_moe_dsa checkpoint holding one full-size MoE layer (by de
 gate/up [2048, 6144] and down [6144, 2048] in BF16, N(0, 0.02): 19.3 GB, in 5 GB shards) plus that
 layer's attention and router tensors. Then, each time after dropping the page cache for those
 files (posix_fadvise DONTNEED after fsync):
-  1. reads the layer's tensors in the converter's order with the converter's reader (pread into
-     fresh buffers), nothing else: the cold sequential read rate;
+  1. reads the layer's tensors in the converter's order with the converter's reader (its
+     SourceReader: O_DIRECT where the file system allows it, the same chunks), nothing else: the
+     cold sequential read rate;
   2. runs the converter on that layer as a worker process (`--layers 0:1`): its rate, measured from
      process start to exit, and its peak RSS.
 Prints the ratio (goal >= 0.6), GB/s, peak RSS against 2 x the largest tensor + 300 MB, the
@@ -32,7 +33,7 @@ sys.path.insert(0, PORT)
 import numpy as np  # noqa: E402
 
 from glm5_mxfp4 import mxfp4, st  # noqa: E402
-from glm5_mxfp4.pipeline import _pread_into  # noqa: E402
+from glm5_mxfp4.pipeline import CHUNK, SourceReader, aligned_buffer  # noqa: E402
 from glm5_mxfp4.source import Source  # noqa: E402
 
 RELEASE_BYTES = 1.508e12
@@ -134,23 +135,27 @@ def drop_cache(paths) -> None:
             os.close(fd)
 
 
-def cold_read(src: Source, unit: str) -> tuple[int, float]:
-    """The converter's reader alone: its tensors, its order, pread into fresh buffers."""
+def cold_read(src: Source, unit: str) -> tuple[int, float, bool]:
+    """The converter's reader alone: its tensors, its order, its chunking, into one aligned buffer."""
     total = 0
-    fds: dict[str, int] = {}
+    readers: dict[str, SourceReader] = {}
+    largest = max(t.entry.nbytes for t in src.unit_tensors(unit) if t.quantized)
+    buf = aligned_buffer(max(CHUNK, largest))
     t0 = time.perf_counter()
     for t in src.unit_tensors(unit):
-        fd = fds.get(t.shard)
-        if fd is None:
-            fd = fds[t.shard] = os.open(src.headers[t.shard].path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        buf = np.empty(t.entry.nbytes, dtype=np.uint8)
-        _pread_into(fd, memoryview(buf), t.entry.begin)
-        total += t.entry.nbytes
+        reader = readers.get(t.shard) or readers.setdefault(t.shard, SourceReader(src.headers[t.shard].path))
+        e = t.entry
+        if t.quantized:
+            reader.read(buf, e.begin, e.nbytes)
+        else:
+            for pos in range(e.begin, e.end, CHUNK):
+                reader.read(buf, pos, min(CHUNK, e.end - pos))
+        total += e.nbytes
     dt = time.perf_counter() - t0
-    for fd in fds.values():
-        os.close(fd)
-    return total, dt
+    direct = all(r.direct for r in readers.values())
+    for r in readers.values():
+        r.close()
+    return total, dt, direct
 
 
 def main() -> int:
@@ -182,7 +187,7 @@ def main() -> int:
               f"(built in {build_s:.0f} s)")
         # 1. cold read
         drop_cache(shards)
-        nbytes, read_s = cold_read(src, unit)
+        nbytes, read_s, direct = cold_read(src, unit)
         read_rate = nbytes / read_s
         # 2. the converter, as a worker process
         drop_cache(shards)
@@ -213,9 +218,16 @@ def main() -> int:
             f.seek(t.entry.begin)
             w = np.frombuffer(f.read(t.entry.nbytes), dtype=np.uint16).reshape(t.entry.shape)
         err = {m: mxfp4.relative_error(w, m) for m in mxfp4.SCALE_MODES}
+        # the kernel alone, in memory, on 8 such tensors (wall and CPU time of this process)
+        block = np.ascontiguousarray(np.broadcast_to(w, (8, *w.shape)))
+        mxfp4.quantize(block[:1], "even")  # compiled or loaded from the cache before timing
+        w0, c0 = time.perf_counter(), time.process_time()
+        mxfp4.quantize(block, "even")
+        kern_wall, kern_cpu = time.perf_counter() - w0, time.process_time() - c0
         goal_rss = 2 * largest + 300e6
         rows = [
-            ("cold sequential read, converter's reader", f"{read_rate / 1e9:.2f} GB/s", f"{read_s:.1f} s"),
+            ("cold sequential read, converter's reader", f"{read_rate / 1e9:.2f} GB/s",
+             f"{read_s:.1f} s, {'O_DIRECT' if direct else 'buffered'}"),
             ("converter, one worker (--layers 0:1), process start to exit", f"{conv_rate / 1e9:.2f} GB/s", f"{conv_s:.1f} s"),
             ("ratio converter / read (goal >= 0.6)", f"{conv_rate / read_rate:.2f}", ""),
             ("output / input bytes", f"{out_bytes / nbytes:.4f}", "4.25 / 16 = 0.2656 for the experts"),
@@ -224,6 +236,8 @@ def main() -> int:
              f"{100 * cpu_s / conv_s / cores:.0f} % of {cores} cores over its run"),
             ("converter bytes per CPU second", f"{nbytes / cpu_s / 1e9:.2f} GB/s", ""),
             ("projected 1.508 TB release at the measured rate, one machine", f"{RELEASE_BYTES / conv_rate / 60:.0f} min", ""),
+            ("quantization kernel alone, in memory (wall; per CPU second)",
+             f"{block.nbytes / kern_wall / 1e9:.2f} GB/s", f"{block.nbytes / kern_cpu / 1e9:.2f} GB/s per CPU second"),
             ("relative error of dequant(quant(w)), N(0, 0.02) expert", f"floor {err['floor']:.4f}, even {err['even']:.4f}", ""),
             ("load average (1 min) before / after the converter run", f"{load_before:.2f} / {load_after:.2f}", f"{os.cpu_count()} cores"),
         ]
