@@ -1,8 +1,8 @@
 """One work unit: read the source tensors, quantize the routed experts, stream one output file.
 
-Three stages overlap: the caller's thread reads (pread into a buffer from a fixed pool, hashing
-as it goes), a thread quantizes (the numba kernel releases the GIL and uses every core), a thread
-writes (hashing and fdatasync-ing as it goes). An item is one routed-expert tensor or a chunk of
+Three stages overlap: the caller's thread reads (O_DIRECT where possible, into a buffer from a
+fixed pool, hashing as it goes), a thread quantizes (the numba kernel releases the GIL and uses
+every core), a thread writes (hashing and fdatasync-ing as it goes). An item is one routed-expert tensor or a chunk of
 at most CHUNK bytes of a copied tensor; the pools' buffers are recycled, so a worker holds
 IN_SLOTS + OUT_SLOTS buffers however large the tensors of the source are.
 """
