@@ -47,4 +47,6 @@ if __name__ == "__main__":
         sys.exit(0)
     from fixpack.main import main
 
-    sys.exit(main(["apply", *sys.argv[1:]]))
+    # the pack is the checkout this file is in, for the full engine as for the fast path
+    pack = [] if "--pack" in sys.argv[1:] else ["--pack", os.path.dirname(os.path.realpath(__file__))]
+    sys.exit(main(["apply", *pack, *sys.argv[1:]]))

@@ -64,6 +64,7 @@ def run(args) -> int:
     lock = Lock.load(profile.lock_path)
     manifest = json.loads(profile.manifest_path.read_text())["files"]
     t_start = time.perf_counter()
+    load_start = round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None
     phase_secs: dict[str, float] = {}
     results: list[dict] = []
     skipped_packages: dict[str, str] = {}
@@ -114,6 +115,10 @@ def run(args) -> int:
             chain.append(fix)
         phase_secs["chain"] = time.perf_counter() - t0
         by_id = {f.id: f for f in chain}
+        labels = _test_bases(profile, jobs, pristine, work)
+        if not quiet:
+            for label in labels:
+                print(f"tested on {label}")
         if args.only is not None:
             unknown = sorted(set(args.only) - {j["fix"].id for j in jobs})
             if unknown:
@@ -131,7 +136,7 @@ def run(args) -> int:
         # 2. requirements: only the declared requires under it, on the pristine tree
         t0 = time.perf_counter()
         if not args.no_requires:
-            _pool(args.jobs, lambda j: _prove_requires(j, by_id, chain, pristine, work, args.test_timeout), jobs)
+            _pool(args.jobs, lambda j: _prove_requires(j, by_id, chain, j.get("pristine", pristine), work, args.test_timeout), jobs)
         phase_secs["requires"] = time.perf_counter() - t0
 
         # 3. every part needed
@@ -178,8 +183,9 @@ def run(args) -> int:
     phase_secs = {k: round(v, 1) for k, v in phase_secs.items()}
     totals = _totals(results)
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    machine = _machine(load_start)
     if args.json:
-        emit_json({"profile": profile.name, "port": port.name if port else None, "results": results, "totals": totals, "skipped_sources": skipped_packages, "seconds": round(total, 1), "phase_seconds": phase_secs})
+        emit_json({"profile": profile.name, "port": port.name if port else None, "results": results, "totals": totals, "skipped_sources": skipped_packages, "seconds": round(total, 1), "phase_seconds": phase_secs, "machine": machine})
     else:
         print(f"\ncheck {profile.name}{' port ' + port.name if port else ''}: {summary} in {total:.0f}s")
         print(
@@ -187,12 +193,41 @@ def run(args) -> int:
             f"parts shown needed {totals['parts_needed']}/{totals['parts']} (+{totals['parts_comment_only']} comment-only); "
             f"requirement sets verified {totals['requires_verified']}/{totals['fixes']}"
         )
-        print("  seconds: " + ", ".join(f"{k} {v}" for k, v in phase_secs.items()))
+        print("  seconds: " + ", ".join(f"{k} {v}" for k, v in phase_secs.items()) + f" (jobs {args.jobs}; {machine['cpu']}, {machine['cpus']} CPUs, load average {machine['load_start']} at the start, {machine['load_end']} at the end)")
         for pkg, why in skipped_packages.items():
             print(f"!!! {pkg} fixes were NOT checked: {why}")
     if counts.get("FAILED"):
         raise CheckFailed(f"{counts['FAILED']} fix(es) not proven")
     return 0
+
+
+def _test_bases(profile, jobs, pristine, work) -> list[str]:
+    """Which base each fix's tests run on. A fix of a package pinned on its development base is
+    tested beside the releases that base imports with (vllm-gaudi main beside vLLM 0.27.0): its
+    before/after trees, and the pristine tree its requirement proof starts from, get those."""
+    import shutil
+
+    from fixpack import proof, sources
+
+    labels: dict[str, str] = {}
+    for j in jobs:
+        packages = sorted({t.package for t in j["fix"].targets})
+        if len(packages) != 1:
+            continue
+        specs, label = sources.test_sources(profile.base["sources"], packages[0])
+        labels[packages[0]] = label
+        j["base"] = label
+        companions = {p: s for p, s in specs.items() if p != packages[0] and s != sources.resolve(profile.base["sources"], [p])[p]["spec"]}
+        if not companions:
+            continue
+        own = work / f"pristine-{j['fix'].id}"
+        proof.snapshot(pristine, own)
+        for tree in (j["before"], j["after"], own):
+            for other, spec in companions.items():
+                shutil.rmtree(tree / other)  # hard links: the cache and the chain's tree keep their files
+                sources.materialise({other: spec}, tree)
+        j["pristine"] = own
+    return [labels[p] for p in sorted(labels)]
 
 
 def _prove_requires(job, by_id, chain, pristine, work, timeout) -> None:
@@ -344,6 +379,7 @@ def _verdict(job) -> dict:
         "n_parts": n_parts,
         "requires": req,
         "seconds": round(secs, 1),
+        "base": job.get("base"),
     }
     if problems:
         rec.update(result="FAILED", detail="; ".join(problems))
@@ -372,6 +408,20 @@ def _print_fix(rec: dict) -> None:
             print(f"    part {p['result']:<10} {p['part']}: {p['cause']}"[:240])
     if rec["result"] == "FAILED":
         print(f"    FAILED: {rec['detail']}"[:2000])
+
+
+def _machine(load_start) -> dict:
+    """What the timings were measured on: they are only comparable with this beside them."""
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load_end = round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cpus": os.cpu_count(), "load_start": load_start, "load_end": load_end}
 
 
 def _totals(results: list[dict]) -> dict:
