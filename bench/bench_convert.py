@@ -31,13 +31,12 @@ PORT = os.path.join(ROOT, "ports", "glm-5-mxfp4")
 sys.path.insert(0, PORT)
 
 import numpy as np  # noqa: E402
-
 from glm5_mxfp4 import mxfp4, st  # noqa: E402
 from glm5_mxfp4.pipeline import CHUNK, SourceReader, aligned_buffer  # noqa: E402
 from glm5_mxfp4.source import Source  # noqa: E402
 
 RELEASE_BYTES = 1.508e12
-H, I, SHARD = 6144, 2048, 5 * 10**9
+HIDDEN, INTER, SHARD = 6144, 2048, 5 * 10**9
 
 
 def cpu_model() -> str:
@@ -58,28 +57,28 @@ def bf16_normal(rng, shape, std=0.02) -> np.ndarray:
 
 def build(root: str, experts: int) -> None:
     rng = np.random.default_rng(0)
-    pool_up = [bf16_normal(rng, (I, H)) for _ in range(8)]  # a pool of distinct tensors, reused
-    pool_down = [bf16_normal(rng, (H, I)) for _ in range(8)]
+    pool_up = [bf16_normal(rng, (INTER, HIDDEN)) for _ in range(8)]  # a pool of distinct tensors, reused
+    pool_down = [bf16_normal(rng, (HIDDEN, INTER)) for _ in range(8)]
     small = {
-        "model.layers.0.input_layernorm.weight": ((H,), "BF16"),
-        "model.layers.0.post_attention_layernorm.weight": ((H,), "BF16"),
-        "model.layers.0.self_attn.q_a_proj.weight": ((2048, H), "BF16"),
+        "model.layers.0.input_layernorm.weight": ((HIDDEN,), "BF16"),
+        "model.layers.0.post_attention_layernorm.weight": ((HIDDEN,), "BF16"),
+        "model.layers.0.self_attn.q_a_proj.weight": ((2048, HIDDEN), "BF16"),
         "model.layers.0.self_attn.q_b_proj.weight": ((64 * 256, 2048), "BF16"),
-        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": ((576, H), "BF16"),
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": ((576, HIDDEN), "BF16"),
         "model.layers.0.self_attn.kv_b_proj.weight": ((64 * 448, 512), "BF16"),
-        "model.layers.0.self_attn.o_proj.weight": ((H, 64 * 256), "BF16"),
-        "model.layers.0.mlp.gate.weight": ((256, H), "BF16"),
+        "model.layers.0.self_attn.o_proj.weight": ((HIDDEN, 64 * 256), "BF16"),
+        "model.layers.0.mlp.gate.weight": ((256, HIDDEN), "BF16"),
         "model.layers.0.mlp.gate.e_score_correction_bias": ((256,), "F32"),
-        "model.layers.0.mlp.shared_experts.gate_proj.weight": ((I, H), "BF16"),
-        "model.layers.0.mlp.shared_experts.up_proj.weight": ((I, H), "BF16"),
-        "model.layers.0.mlp.shared_experts.down_proj.weight": ((H, I), "BF16"),
-        "model.norm.weight": ((H,), "BF16"),
+        "model.layers.0.mlp.shared_experts.gate_proj.weight": ((INTER, HIDDEN), "BF16"),
+        "model.layers.0.mlp.shared_experts.up_proj.weight": ((INTER, HIDDEN), "BF16"),
+        "model.layers.0.mlp.shared_experts.down_proj.weight": ((HIDDEN, INTER), "BF16"),
+        "model.norm.weight": ((HIDDEN,), "BF16"),
     }
     tensors: list[tuple[str, tuple, str, object]] = [(n, s, d, None) for n, (s, d) in small.items()]
     for e in range(experts):
         for p in ("gate_proj", "up_proj"):
-            tensors.append((f"model.layers.0.mlp.experts.{e}.{p}.weight", (I, H), "BF16", pool_up[(2 * e + (p == "up_proj")) % 8]))
-        tensors.append((f"model.layers.0.mlp.experts.{e}.down_proj.weight", (H, I), "BF16", pool_down[e % 8]))
+            tensors.append((f"model.layers.0.mlp.experts.{e}.{p}.weight", (INTER, HIDDEN), "BF16", pool_up[(2 * e + (p == "up_proj")) % 8]))
+        tensors.append((f"model.layers.0.mlp.experts.{e}.down_proj.weight", (HIDDEN, INTER), "BF16", pool_down[e % 8]))
     shards: list[list] = [[]]
     size = 0
     for t in tensors:
@@ -95,15 +94,15 @@ def build(root: str, experts: int) -> None:
         specs = [st.OutSpec(n, d, s) for n, s, d, _ in group]
         with open(os.path.join(root, name), "wb") as f:
             f.write(st.build_header(specs))
-            for (n, s, d, data), spec in zip(group, specs):
+            for n, s, d, data in group:
                 if data is None:
                     data = bf16_normal(rng, s) if d == "BF16" else np.zeros(s, dtype=np.float32)
                 f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
                 weight_map[n] = name
             f.flush()
             os.fsync(f.fileno())
-    config = {"model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"], "hidden_size": H,
-              "moe_intermediate_size": I, "n_routed_experts": experts, "num_hidden_layers": 1}
+    config = {"model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"], "hidden_size": HIDDEN,
+              "moe_intermediate_size": INTER, "n_routed_experts": experts, "num_hidden_layers": 1}
     with open(os.path.join(root, "config.json"), "w") as f:
         json.dump(config, f)
     with open(os.path.join(root, "model.safetensors.index.json"), "w") as f:
@@ -165,7 +164,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-convert-", dir=args.dir)
-    need = args.experts * 3 * I * H * 2 * 1.3 + 1e9
+    need = args.experts * 3 * INTER * HIDDEN * 2 * 1.3 + 1e9
     free = shutil.disk_usage(base).free
     if free < need:
         print(f"{base}: {free / 1e9:.1f} GB free, the benchmark needs {need / 1e9:.1f} GB", file=sys.stderr)

@@ -211,7 +211,7 @@ def quantize_reference(x, mode: str = "even") -> tuple[np.ndarray, np.ndarray]:
     scale = np.ldexp(np.float32(1.0), np.maximum(exp, -126)).astype(np.float32)
     mag = np.minimum(np.abs(v) / scale[..., None], np.float32(6.0))
     idx = np.zeros(mag.shape, dtype=np.uint8)
-    for i, (bound, up) in enumerate(zip(_BOUNDS, _TIE_UP)):
+    for i, (bound, up) in enumerate(zip(_BOUNDS, _TIE_UP, strict=True)):
         above = (mag >= bound) if up else (mag > bound)
         idx = np.where(above, np.uint8(i + 1), idx)
     sign = (v.view(np.uint32) >> 31).astype(np.uint8) << 3

@@ -77,7 +77,7 @@ class Source:
                 raise InputError(f"{self.index_path}: tensor {name} is listed in {shard}, "
                                  f"but {header.path} does not hold it")
             self.tensors[name] = Tensor(name, shard, entry, bool(QUANTIZED.match(name)))
-        for shard, header in self.headers.items():
+        for header in self.headers.values():
             extra = sorted(set(header.entries) - set(self.tensors))
             if extra:
                 raise InputError(f"{header.path}: holds tensor {extra[0]}, which {INDEX} does not name "
@@ -181,7 +181,7 @@ class Source:
         tasks: list[list[str]] = []
         cur: list[str] = []
         done = 0
-        for unit, size in zip(layers, sizes):
+        for unit, size in zip(layers, sizes, strict=True):
             remaining_tasks = count - len(tasks)
             remaining_units = len(layers) - layers.index(unit)
             if cur and (remaining_units < remaining_tasks or done >= total * (len(tasks) + 1) / count):

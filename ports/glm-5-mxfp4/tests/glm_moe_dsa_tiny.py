@@ -85,7 +85,7 @@ def _add_mtp_layer(path: str, index: dict, cfg, seed: int) -> None:
     tensors[f"model.layers.{mtp}.shared_head.head.weight"] = (torch.randn(cfg.vocab_size, h, generator=gen) * 0.02).bfloat16()
     shard = "model-mtp.safetensors"
     save_file(tensors, os.path.join(path, shard), metadata={"format": "pt"})
-    for name, t in tensors.items():
+    for name in tensors:
         index["weight_map"][name] = shard
     meta = index.setdefault("metadata", {})
     if "total_size" in meta:

@@ -10,14 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import glm_moe_dsa_tiny
 import numpy as np
 import pytest
 import torch
+from glm5_mxfp4 import convert, mxfp4
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-
-import glm_moe_dsa_tiny
-from glm5_mxfp4 import convert, mxfp4
 
 PORT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -218,11 +217,11 @@ def test_keys_shapes_dtypes_are_what_vllm_030_creates(converted):
     assert res["problems"] == []
     assert res["moe_layers"] == ["model.layers.1", "model.layers.2", "model.layers.3"]
     assert res["mapped_and_copied"] == 3 * 8 * 3 * 2
-    E, H, I = 8, 64, 64
-    assert res["params"]["model.layers.3.w13_weight"] == ["torch.uint8", [E, 2 * I, H // 2]]
-    assert res["params"]["model.layers.3.w13_weight_scale"] == ["torch.uint8", [E, 2 * I, H // 32]]
-    assert res["params"]["model.layers.3.w2_weight"] == ["torch.uint8", [E, H, I // 2]]
-    assert res["params"]["model.layers.3.w2_weight_scale"] == ["torch.uint8", [E, H, I // 32]]
+    E, H, inter = 8, 64, 64
+    assert res["params"]["model.layers.3.w13_weight"] == ["torch.uint8", [E, 2 * inter, H // 2]]
+    assert res["params"]["model.layers.3.w13_weight_scale"] == ["torch.uint8", [E, 2 * inter, H // 32]]
+    assert res["params"]["model.layers.3.w2_weight"] == ["torch.uint8", [E, H, inter // 2]]
+    assert res["params"]["model.layers.3.w2_weight_scale"] == ["torch.uint8", [E, H, inter // 32]]
 
 
 # ---- refusals: a clear message naming the file and the item, exit 2, nothing written ------------

@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import glm_moe_dsa_tiny
+import pytest
 from test_mxfp4_convert import PORT_ROOT, main, tree
 
 

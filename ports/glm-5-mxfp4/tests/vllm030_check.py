@@ -26,13 +26,12 @@ def main(tree: str, dst: str) -> dict:
     sys.path.insert(0, tree)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mxfp4_blocks
     import numpy as np
     import torch
-    from safetensors import safe_open
-
-    import mxfp4_blocks
     import vllm
     from glm5_mxfp4 import mxfp4
+    from safetensors import safe_open
     from vllm.model_executor.layers.fused_moe import config as C
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
@@ -58,16 +57,16 @@ def main(tree: str, dst: str) -> dict:
         cfg = json.load(f)
     with open(os.path.join(dst, "model.safetensors.index.json")) as f:
         weight_map = json.load(f)["weight_map"]
-    E, H, I = cfg["n_routed_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    E, H, inter = cfg["n_routed_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
     mapping = RoutedExperts.build_expert_params_mapping("gate_proj", "down_proj", "up_proj", num_experts=E)
     fields = {f.name for f in dataclasses.fields(C.FusedMoEParallelConfig)}
     pc = C.FusedMoEParallelConfig(**{n: (1 if n.endswith("_size") else 0 if n.endswith("_rank") else False)
                                      for n in fields if n != "all2all_backend"}, all2all_backend="naive")
     moe = C.FusedMoEConfig(num_experts=E, experts_per_token=cfg["num_experts_per_tok"], hidden_dim=H,
-                           intermediate_size=I, num_local_experts=E, num_logical_experts=E,
+                           intermediate_size=inter, num_local_experts=E, num_logical_experts=E,
                            activation=MoEActivation.SILU, device="cpu",
                            routing_method=C.RoutingMethodType.DeepSeekV3, moe_parallel_config=pc,
-                           in_dtype=torch.bfloat16, intermediate_size_per_partition=I)
+                           in_dtype=torch.bfloat16, intermediate_size_per_partition=inter)
     method = Mxfp4MoEMethod.__new__(Mxfp4MoEMethod)
     method.moe = moe
     layers: dict[str, torch.nn.Module] = {}
@@ -87,7 +86,7 @@ def main(tree: str, dst: str) -> dict:
         layer = layers.get(prefix)
         if layer is None:
             layer = layers[prefix] = torch.nn.Module()
-            method.create_weights(layer, num_experts=E, hidden_size=H, intermediate_size_per_partition=I,
+            method.create_weights(layer, num_experts=E, hidden_size=H, intermediate_size_per_partition=inter,
                                   params_dtype=torch.bfloat16, weight_loader=lambda *a, **k: None)
         attr = pname.split(".")[-1]  # routed_experts.w13_weight -> w13_weight
         param = getattr(layer, attr, None)
