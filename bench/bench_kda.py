@@ -91,10 +91,10 @@ def _status_kb(field):
     raise RuntimeError(field)
 
 
-def child(impl, T, gate):
+def child(impl, T, gate, threads):
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     fn = _fn(impl)
     args = _inputs(T, gate)
     with open("/proc/self/clear_refs", "w") as f:
@@ -142,10 +142,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 8192])
     ap.add_argument("--gates", nargs="*", default=list(GATE_SHIFT), choices=list(GATE_SHIFT))
-    ap.add_argument("--child", nargs=3)
+    ap.add_argument("--threads", type=int, default=2, help="torch/OpenMP threads per call (default 2)")
+    ap.add_argument("--child", nargs=4)
     a = ap.parse_args()
     if a.child:
-        child(a.child[0], int(a.child[1]), a.child[2])
+        child(a.child[0], int(a.child[1]), a.child[2], int(a.child[3]))
         return
     res, ops = {}, {}
     load_start = os.getloadavg()
@@ -153,8 +154,8 @@ def main():
         for T in a.lengths:
             for impl in IMPLS:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--child", impl, str(T), gate], capture_output=True, text=True, check=True,
-                    env={**os.environ, "OMP_NUM_THREADS": "2"},
+                    [sys.executable, __file__, "--child", impl, str(T), gate, str(a.threads)], capture_output=True,
+                    text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": str(a.threads)},
                 )
                 res[(gate, impl, T)] = json.loads(out.stdout.strip().splitlines()[-1])
     for T in a.lengths:  # the op count does not depend on the gate's values
@@ -163,7 +164,7 @@ def main():
     decode_ops = count_ops("decode", 1)
     load_end = os.getloadavg()
     print(cpu_description())
-    print(f"KDA prefill, fp32 CPU ({os.cpu_count()} cores, 2 threads), batch 1, {H} heads x {K}")
+    print(f"KDA prefill, fp32 CPU ({os.cpu_count()} cores, {a.threads} threads), batch 1, {H} heads x {K}")
     print("port-default: chunk_kda without use_scan, which is the sequential carry on CPU")
     # Other work on the machine inflates both sides' times (not always equally): say how much there was.
     print("load average (1/5/15 min): start " + " ".join(f"{x:.2f}" for x in load_start)
