@@ -396,3 +396,13 @@ def test_scheduler_tasks_as_separate_processes(src, converted, tmp_path):
         assert tree(dst, hidden=False) == tree(converted, hidden=False)
     proc = run_cli(src, tmp_path / "none", "--task-index", "auto", "--task-count", "3", env=env)
     assert proc.returncode == 2 and "JOB_COMPLETION_INDEX" in proc.stderr
+
+
+def test_workers_stop_and_remove_a_new_dst_when_one_task_refuses(src, tmp_path):
+    s = _copy(src, tmp_path)
+    _non_finite(s)
+    dst = tmp_path / "dst"
+    proc = run_cli(s, dst, "--workers", "2", "--quiet")
+    assert proc.returncode == 2
+    assert "[17, 40]" in proc.stderr and "removed (this run created it)" in proc.stderr
+    assert not dst.exists()
