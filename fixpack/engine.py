@@ -409,7 +409,7 @@ class Engine:
         shutil.rmtree(stage, ignore_errors=True)
         watch.restore(changed)
         watch.take()
-        lines = [f"  {c.path}: {c.what}; {'restored' if c.restored else 'NOT restored'} ({c.how})" for c in changed]
+        lines = [f"  {c.path}: {c.what}{' (' + c.fields + ')' if c.fields else ''}; {'restored' if c.restored else 'NOT restored'} ({c.how})" for c in changed]
         first = changed[0].path
         left = [c.path for c in changed if not c.restored]
         raise FixFailed(

@@ -64,6 +64,18 @@ class Change:
     what: str  # changed | created | removed
     restored: bool = False
     how: str = ""
+    fields: str = ""  # what differs: inode, size, mtime, mode, owner
+
+
+_FIELDS = ("device", "inode", "size", "mtime", "ctime", "mode", "uid", "gid")
+
+
+def _differs(old: Entry, new: Entry) -> str:
+    out = []
+    for name, a, b in zip(_FIELDS, old, new, strict=True):
+        if a != b and name != "ctime":
+            out.append(f"{name} {oct(stat.S_IMODE(a))}->{oct(stat.S_IMODE(b))}" if name == "mode" else name)
+    return ", ".join(out) or "ctime, and the bytes differ from the copy"
 
 
 @dataclass
@@ -122,7 +134,7 @@ class TreeWatch:
     def changes(self) -> list[Change]:
         """What differs from the snapshot; the scan made for it is the next fix's snapshot."""
         now = scan(self.roots, self.skip)
-        out = [Change(p, "changed") for p, e in self.before.items() if p in now and now[p] != e and not self._same_bytes(p, e, now[p])]
+        out = [Change(p, "changed", fields=_differs(e, now[p])) for p, e in self.before.items() if p in now and now[p] != e and not self._same_bytes(p, e, now[p])]
         out += [Change(p, "removed") for p in self.before if p not in now]
         out += [Change(p, "created") for p in now if p not in self.before]
         # files first: a folder changes only because an entry in it did
