@@ -15,8 +15,8 @@ Elements round to nearest, ties to even, and saturate to +-6.
 The scale comes from the exponent bits of amax, never from a cast to an e8m0 dtype: those casts
 round (1.5 -> 2, 3 -> 4) and map 0 to NaN or code 0 depending on the library.
 
-Two implementations: `quantize` (a numba kernel on the bf16 bit patterns, integers only: one
-table look-up per element) and `quantize_reference` (numpy float arithmetic, written from the rules above
+Two implementations: `quantize` (a numba kernel on the bf16 bit patterns, integer arithmetic
+only) and `quantize_reference` (numpy float arithmetic, written from the rules above
 without sharing code with the kernel). Tests hold both bit-exact to torchao.
 """
 
@@ -66,76 +66,84 @@ def _threshold_table() -> np.ndarray:
 _THRESHOLDS = _threshold_table()
 
 
-def _code_lut() -> np.ndarray:
-    """E2M1 magnitude code by (element abs bits - base), base = (scale code - 3) << 7, [768] uint8.
+FORMULA_MIN_CODE = 8
 
-    Relative to the scale, an element's exponent difference d = -3..2 and its 7 mantissa bits
-    fix its code (below d = -3 it rounds to 0, d >= 3 saturates). That holds while the scale and
-    the element are normal, so the table is taken from the threshold table at one normal scale;
-    blocks with scale codes below 8 (amax under 2**-117) use the threshold compares instead.
+
+@numba.njit(inline="always", cache=True)
+def _magnitude_code(a, code):
+    """E2M1 magnitude code (0..7) of an element with abs bits `a` in a block of scale code `code`.
+
+    With d the element's exponent minus the scale's, and m its 7 mantissa bits, |v| / scale lies
+    in [2**d, 2**(d+1)), so d and m alone decide the rounding: for d >= 0 the boundaries sit at
+    m = 32 (ties down to the even code) and m = 96 (ties up), and d = 2 saturates at 7; d = -1 has
+    its boundary at m = 64 (0.75: ties up to 1.0); d = -2 rounds to 0.5 unless v is exactly 0.25.
+    This holds while the element and the scale are normal; blocks with scale codes below
+    FORMULA_MIN_CODE (amax under 2**-117) use the threshold compares instead. Integer arithmetic
+    only, which the compiler vectorizes; a test holds it equal to the threshold rule everywhere.
     """
-    code = 127
-    base = (code - 3) << 7
-    a = np.arange(6 * 128, dtype=np.int64) + base
-    t = _THRESHOLDS[code].astype(np.int64)
-    count = sum((a > t[i]) if not up else (a >= t[i]) for i, up in enumerate(_TIE_UP))
-    return count.astype(np.uint8)
+    d = ((a >> 7) & 0xFF) - code
+    m = a & 127
+    up = min(2 * d + 2 + np.int32(m > 32) + np.int32(m >= 96), 7)
+    # one expression of selects rather than branches: it vectorizes
+    return up if d >= 0 else ((1 + np.int32(m >= 64)) if d == -1 else (np.int32(m > 0) if d == -2 else 0))
 
 
-_LUT = _code_lut()
-LUT_MIN_CODE = 8
+@numba.njit(cache=True)
+def magnitude_codes(abs_bits, code):
+    """`_magnitude_code` over an array (for tests)."""
+    out = np.empty(abs_bits.shape[0], dtype=np.int32)
+    for i in range(abs_bits.shape[0]):
+        out[i] = _magnitude_code(np.int32(abs_bits[i]), np.int32(code))
+    return out
+
+
+@numba.njit(cache=True)
+def _small_block(xr, qr, first, b, t):
+    """A block whose scale code is below FORMULA_MIN_CODE: compare against the exact thresholds."""
+    for j in range(16):
+        v0 = np.int32(xr[first + 2 * j])
+        v1 = np.int32(xr[first + 2 * j + 1])
+        a0 = v0 & 0x7FFF
+        a1 = v1 & 0x7FFF
+        c0 = (np.int32(a0 > t[0]) + np.int32(a0 >= t[1]) + np.int32(a0 > t[2]) + np.int32(a0 >= t[3])
+              + np.int32(a0 > t[4]) + np.int32(a0 >= t[5]) + np.int32(a0 > t[6])) | ((v0 >> 12) & 8)
+        c1 = (np.int32(a1 > t[0]) + np.int32(a1 >= t[1]) + np.int32(a1 > t[2]) + np.int32(a1 >= t[3])
+              + np.int32(a1 > t[4]) + np.int32(a1 >= t[5]) + np.int32(a1 > t[6])) | ((v1 >> 12) & 8)
+        qr[b * 16 + j] = np.uint8(c0 | (c1 << 4))
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _kernel(x16, even, table, lut, out_q, out_s, bad):
+def _kernel(x16, even, table, out_q, out_s, bad):
     rows, k = x16.shape
     nblocks = k // 32
     for r in numba.prange(rows):
+        xr = x16[r]
+        qr = out_q[r]
+        sr = out_s[r]
         for b in range(nblocks):
             first = b * 32
             m = 0
             for i in range(32):
-                m = max(m, np.int32(x16[r, first + i]) & 0x7FFF)
+                m = max(m, np.int32(xr[first + i]) & 0x7FFF)
             if m > 0x7F7F:  # exponent all ones: Inf or NaN
                 bad[r] = 1
-                out_s[r, b] = 255
+                sr[b] = 255
                 for j in range(16):
-                    out_q[r, b * 16 + j] = 0
+                    qr[b * 16 + j] = 0
                 continue
             if even:
                 m = (m + 0x20) & 0x7F80
             code = min(max(((m >> 7) & 0xFF) - 129, -127), 128) + 127
-            out_s[r, b] = code
-            if code >= LUT_MIN_CODE:
-                base = (code - 3) << 7
-                for j in range(16):
-                    v0 = np.int32(x16[r, first + 2 * j])
-                    v1 = np.int32(x16[r, first + 2 * j + 1])
-                    c0 = np.int32(lut[min(max((v0 & 0x7FFF) - base, 0), 767)]) | ((v0 >> 12) & 8)
-                    c1 = np.int32(lut[min(max((v1 & 0x7FFF) - base, 0), 767)]) | ((v1 >> 12) & 8)
-                    out_q[r, b * 16 + j] = np.uint8(c0 | (c1 << 4))
+            sr[b] = code
+            if code < FORMULA_MIN_CODE:
+                _small_block(xr, qr, first, b, table[code])
                 continue
-            t0 = table[code, 0]
-            t1 = table[code, 1]
-            t2 = table[code, 2]
-            t3 = table[code, 3]
-            t4 = table[code, 4]
-            t5 = table[code, 5]
-            t6 = table[code, 6]
             for j in range(16):
-                v0 = np.int32(x16[r, first + 2 * j])
-                v1 = np.int32(x16[r, first + 2 * j + 1])
-                a0 = v0 & 0x7FFF
-                a1 = v1 & 0x7FFF
-                c0 = (
-                    np.int32(a0 > t0) + np.int32(a0 >= t1) + np.int32(a0 > t2) + np.int32(a0 >= t3)
-                    + np.int32(a0 > t4) + np.int32(a0 >= t5) + np.int32(a0 > t6)
-                ) | ((v0 >> 12) & 8)
-                c1 = (
-                    np.int32(a1 > t0) + np.int32(a1 >= t1) + np.int32(a1 > t2) + np.int32(a1 >= t3)
-                    + np.int32(a1 > t4) + np.int32(a1 >= t5) + np.int32(a1 > t6)
-                ) | ((v1 >> 12) & 8)
-                out_q[r, b * 16 + j] = np.uint8(c0 | (c1 << 4))
+                v0 = np.int32(xr[first + 2 * j])
+                v1 = np.int32(xr[first + 2 * j + 1])
+                c0 = _magnitude_code(v0 & 0x7FFF, code) | ((v0 >> 12) & 8)
+                c1 = _magnitude_code(v1 & 0x7FFF, code) | ((v1 >> 12) & 8)
+                qr[b * 16 + j] = np.uint8(c0 | (c1 << 4))
 
 
 def as_bf16_bits(x) -> np.ndarray:
@@ -183,7 +191,7 @@ def quantize(x, mode: str = "even", out_q: np.ndarray | None = None,
     q = np.empty((rows, k // 2), dtype=np.uint8) if out_q is None else out_q.reshape(rows, k // 2)
     s = np.empty((rows, k // BLOCK), dtype=np.uint8) if out_s is None else out_s.reshape(rows, k // BLOCK)
     bad = np.zeros(rows, dtype=np.uint8)
-    _kernel(x2, mode == "even", _THRESHOLDS, _LUT, q, s, bad)
+    _kernel(x2, mode == "even", _THRESHOLDS, q, s, bad)
     if bad.any():
         raise _first_non_finite(x2, shape)
     return q.reshape(*shape[:-1], k // 2), s.reshape(*shape[:-1], k // BLOCK)
