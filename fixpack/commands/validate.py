@@ -45,7 +45,8 @@ def run(args) -> int:
     pack = pack_of(args)
     errors: list[str] = []
     checked = 0
-    for base, layer in [(pack.root / "fixes", "profile")] + [(pack.root / "ports" / n / "fixes", f"port:{n}") for n in pack.port_names()]:
+    own = sorted({pack.profile(n).fixes_dir for n in pack.profile_names()} - {"fixes"})  # profiles' own fix folders
+    for base, layer in [(pack.root / "fixes", "profile")] + [(pack.root / d, "profile") for d in own] + [(pack.root / "ports" / n / "fixes", f"port:{n}") for n in pack.port_names()]:
         if not base.is_dir():
             continue
         for d in sorted(base.iterdir()):
