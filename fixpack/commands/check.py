@@ -213,6 +213,9 @@ def _test_bases(profile, jobs, pristine, work) -> list[str]:
     for j in jobs:
         packages = sorted({t.package for t in j["fix"].targets})
         if len(packages) != 1:
+            # a fix of several packages is tested on the chain's tree, each package on its resolved base
+            resolved = sources.resolve(profile.base["sources"], packages)
+            j["base"] = "; ".join(f"{p}: {r['base']} base {r['spec'].get('branch') or r['spec'].get('version') or ''} {str(r['spec'].get('commit') or '')[:9]}" for p, r in resolved.items())
             continue
         specs, label = sources.test_sources(profile.base["sources"], packages[0])
         labels[packages[0]] = label
