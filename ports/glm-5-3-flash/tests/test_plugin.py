@@ -117,6 +117,30 @@ def test_switches_are_declared_once_in_port_yaml():
     assert sw.port_yaml() == PORT_DIR / "port.yaml"
 
 
+def test_an_installed_plugin_finds_port_yaml_through_cookbook(tmp_path, monkeypatch):
+    """Installed from a copy (install.sh), the package has no port.yaml beside it; in the image
+    $COOKBOOK names the repository copy that holds it."""
+    pytest.importorskip("yaml")
+    import importlib.util
+    import shutil
+
+    pkg = tmp_path / "site" / "glm5_next_hpu"
+    pkg.mkdir(parents=True)
+    shutil.copy(PORT_DIR / "glm5_next_hpu" / "switches.py", pkg)
+    spec = importlib.util.spec_from_file_location("_installed_switches", pkg / "switches.py")
+    mod = sys.modules["_installed_switches"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.delenv("COOKBOOK", raising=False)
+    with pytest.raises(mod.SwitchError, match="port.yaml, which declares the GLM5_NEXT_\\* switches, was not found"):
+        mod.port_yaml()
+    cookbook = tmp_path / "cookbook"
+    (cookbook / "ports" / "glm-5-3-flash").mkdir(parents=True)
+    shutil.copy(PORT_DIR / "port.yaml", cookbook / "ports" / "glm-5-3-flash")
+    monkeypatch.setenv("COOKBOOK", str(cookbook))
+    assert mod.port_yaml() == cookbook / "ports" / "glm-5-3-flash" / "port.yaml"
+    assert mod.read_switches({"GLM5_NEXT_KDA_SCAN": "off"}).kda_scan is False
+
+
 @pytest.mark.parametrize("name, value", [
     ("GLM5_NEXT_VISION", "maybe"), ("GLM5_NEXT_IMAGE_MAX_TOKENS", "0"), ("GLM5_NEXT_DECODE_LAYER_GROUP", "46"),
     ("GLM5_NEXT_MHC_SINKHORN", "tpc"), ("GLM5_NEXT_KDA_SCAN", "2"), ("GLM5_NEXT_VISION", "auto"),
