@@ -24,6 +24,8 @@ def run(args) -> int:
     port = pack.port(args.port) if args.port else None
     profile = pack.profile(args.profile) if args.profile else None
     entry = next((e for e in profile.entries if e.id == args.fix), None) if profile else None
+    if profile is not None and entry is None and port is None:
+        raise ConfigError(f"{args.fix!r} is not a fix of profile {profile.name} (its fixes: {', '.join(e.id for e in profile.entries)})")
     try:
         fix = pack.fix(args.fix, port=port, rel_dir=pack.entry_dir(profile, entry) if entry else None)
     except ConfigError:
