@@ -448,7 +448,6 @@ def _threading_layer() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _threading_layer()
     try:
         if argv and argv[0] == "verify":
             args = _verify_parser().parse_args(argv[1:])
@@ -495,5 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         return 3
 
 
+def cli() -> int:
+    """The command (`python -m glm5_mxfp4.convert`, `glm5-mxfp4-convert`): main in a process of its own."""
+    _threading_layer()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())
