@@ -406,3 +406,23 @@ def test_workers_stop_and_remove_a_new_dst_when_one_task_refuses(src, tmp_path):
     assert proc.returncode == 2
     assert "[17, 40]" in proc.stderr and "removed (this run created it)" in proc.stderr
     assert not dst.exists()
+
+
+def test_progress_prints_plain_lines_when_not_a_terminal():
+    import io
+
+    from glm5_mxfp4.progress import Progress
+
+    out = io.StringIO()  # not a terminal: no bar, periodic lines
+    p = Progress("layers-0-2", 4_000_000_000, 4, every=0.0, stream=out)
+    p.advance(1_000_000_000, 1)
+    p.advance(3_000_000_000, 3)
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[layers-0-2] 1.00/4.00 GB, 1/4 tensors,") and "ETA" in lines[0]
+    assert lines[-1].startswith("[layers-0-2] 4.00/4.00 GB, 4/4 tensors,") and lines[-1].endswith("done")
+    quiet = io.StringIO()
+    q = Progress("x", 10, 1, quiet=True, every=0.0, stream=quiet)
+    q.advance(10, 1)
+    q.close()
+    assert quiet.getvalue() == ""
