@@ -35,6 +35,7 @@ def add_parser(sub):
     p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--no-parts", action="store_true", help="skip the proof that every hunk / edit is needed")
     p.add_argument("--no-requires", action="store_true", help="skip the proof that the declared requires are complete")
+    p.add_argument("--brief", action="store_true", help="one line per fix (no per-test and per-part lines)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -155,7 +156,7 @@ def run(args) -> int:
             rec = _verdict(j)
             results.append(rec)
             if not quiet:
-                _print_fix(rec)
+                _print_fix(rec, brief=args.brief)
 
         # Re-run: nothing to do. Revert: pristine bytes.
         if not any(r["result"] == "FAILED" for r in results) and steps:
@@ -393,16 +394,22 @@ def _verdict(job) -> dict:
     return rec
 
 
-def _print_fix(rec: dict) -> None:
+def _print_fix(rec: dict, brief: bool = False) -> None:
     name = rec["fix"]
     parts = rec.get("parts") or []
     needed = sum(1 for p in parts if p["result"] == "needed")
     line = f"{name}{'.' * max(3, 40 - len(name))}{rec['result']:<9} {rec.get('seconds', 0):5.1f}s  {len(rec['tests'])} tests: {rec['red_green']} red->green, {rec['guards']} guards"
     if rec.get("n_parts"):
         line += f"; parts needed {needed}/{rec['n_parts']}"
+        other = {k: sum(1 for p in parts if p["result"] == k) for k in ("untested (declared)", "comment-only")}
+        line += "".join(f", {v} {k}" for k, v in other.items() if v)
     if rec.get("requires"):
         line += f"; requires {rec['requires']['result']}"
     print(line, flush=True)
+    if brief:
+        if rec["result"] == "FAILED":
+            print(f"    FAILED: {rec['detail']}"[:2000])
+        return
     for t in rec["tests"]:
         mark = ("red->green" if t["role"] == "red-green" else "guard") if t["ok"] else "BAD"
         print(f"    {mark:<10} {t['test']}: {t['cause']}"[:240])
