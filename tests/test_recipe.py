@@ -101,6 +101,9 @@ def pack(tmp_path):
     (port / "port.yaml").write_text(
         yaml.safe_dump({"name": "glm-5-3-flash", "profile": "v0.26.0", "patches": [], "plugin": {"package": "glm5_next_hpu"}, "switches": SWITCHES}, sort_keys=False)
     )
+    # the recipe check reads switch values through the port's own parser, beside its port.yaml
+    (port / "glm5_next_hpu").mkdir()
+    shutil.copy(REPO / "ports" / "glm-5-3-flash" / "glm5_next_hpu" / "switches.py", port / "glm5_next_hpu")
     (root / TEMPLATE_REL).parent.mkdir(parents=True)
     shutil.copy(TEMPLATE, root / TEMPLATE_REL)
     recipe = root / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
