@@ -40,12 +40,20 @@ def _check_fix_dir(d: Path, layer: str, pack_root: Path) -> None:
             raise ConfigError(f"{fix.change_file}: does not parse: {exc.msg} at line {exc.lineno}") from exc
 
 
+def _own_fix_dirs(pack):
+    for name in pack.profile_names():
+        try:
+            yield pack.profile(name).fixes_dir
+        except FixpackError:
+            continue  # a malformed profile is reported with the profiles below
+
+
 def run(args) -> int:
     args.pack = Path(args.pack) if args.pack else None
     pack = pack_of(args)
     errors: list[str] = []
     checked = 0
-    own = sorted({pack.profile(n).fixes_dir for n in pack.profile_names()} - {"fixes"})  # profiles' own fix folders
+    own = sorted(set(_own_fix_dirs(pack)) - {"fixes"})  # profiles' own fix folders
     for base, layer in [(pack.root / "fixes", "profile")] + [(pack.root / d, "profile") for d in own] + [(pack.root / "ports" / n / "fixes", f"port:{n}") for n in pack.port_names()]:
         if not base.is_dir():
             continue
