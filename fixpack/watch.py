@@ -148,7 +148,8 @@ class TreeWatch:
         folder) are not the next fix's: scan again only the folders they touch."""
         dirs = {str(f.parent) for f in files}
         deep = {str(state_dir), *(str(f.parent / "__pycache__") for f in files)}
-        for path in [p for p in self.before if os.path.dirname(p) in dirs or any(p == d or p.startswith(d + os.sep) for d in deep)]:
+        prefixes = tuple(d + os.sep for d in deep)
+        for path in [p for p in self.before if p.startswith(prefixes) or p in deep or p.rpartition(os.sep)[0] in dirs]:
             del self.before[path]
         for d in dirs:
             try:
