@@ -59,17 +59,22 @@ def test_forced_off_is_said_and_recorded(tmp_path):
     assert all(f["sandbox"].startswith("audit hook + snapshot") for f in verify["fixes"])
 
 
-def test_unavailable_landlock_is_said_once_and_the_run_falls_back(tmp_path, monkeypatch):
-    """A kernel without Landlock, emulated: the probe and the child's confinement both fail."""
-    root, tree = L.copy_pack("basic", tmp_path)
+def _without_landlock(tmp_path, why: str) -> dict:
+    """The environment of a process (and its fork server) on a kernel without Landlock, emulated."""
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(
         "import fixpack.landlock as l\n"
-        "def _no(*a, **k):\n    raise l.Unavailable(38, 'the kernel has no Landlock (emulated by the test)')\n"
+        f"def _no(*a, **k):\n    raise l.Unavailable(38, {why!r})\n"
         "l.abi_version = _no\nl.confine = _no\n"
     )
-    env = {"PYTHONPATH": f"{shim}{os.pathsep}{B.REPO}"}
+    return {"PYTHONPATH": f"{shim}{os.pathsep}{B.REPO}"}
+
+
+def test_unavailable_landlock_is_said_once_and_the_run_falls_back(tmp_path, monkeypatch):
+    """A kernel without Landlock, emulated: the probe and the child's confinement both fail."""
+    root, tree = L.copy_pack("basic", tmp_path)
+    env = _without_landlock(tmp_path, "the kernel has no Landlock (emulated by the test)")
     r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
@@ -80,16 +85,9 @@ def test_unavailable_landlock_is_said_once_and_the_run_falls_back(tmp_path, monk
 
 def test_required_landlock_that_is_missing_fails_the_fix(tmp_path):
     root, tree = L.copy_pack("basic", tmp_path)
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(
-        "import fixpack.landlock as l\n"
-        "def _no(*a, **k):\n    raise l.Unavailable(38, 'no Landlock (emulated)')\n"
-        "l.abi_version = _no\nl.confine = _no\n"
-    )
     before = B.tree_digest(tree)
     r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root,
-                  env={"PYTHONPATH": f"{shim}{os.pathsep}{B.REPO}", "FIXPACK_SANDBOX": "landlock"})
+                  env=dict(_without_landlock(tmp_path, "no Landlock (emulated)"), FIXPACK_SANDBOX="landlock"))
     assert r.returncode == 4 and "FIXPACK_SANDBOX=landlock, but Landlock cannot confine" in r.stdout + r.stderr
     assert B.tree_digest(tree) == before
 

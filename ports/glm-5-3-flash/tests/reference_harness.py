@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from safetensors import safe_open
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Glm5NextConfig
 from transformers.models.glm5_next import modeling_glm5_next as ref
 
@@ -162,3 +163,15 @@ def nonfinite(x: torch.Tensor) -> int:
 
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().double() - b.detach().double()).abs().max())
+
+
+class OpCount(TorchDispatchMode):
+    """Counts every aten op that reaches the dispatcher (what ran, not what was configured)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))

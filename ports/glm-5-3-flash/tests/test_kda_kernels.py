@@ -16,7 +16,7 @@ from glm5_next_hpu.kda import (
     naive_recurrent_kda,
     sequential_affine_scan,
 )
-from reference_harness import kda_inputs, max_abs, nonfinite
+from reference_harness import OpCount as _Count, kda_inputs, max_abs, nonfinite
 
 REGIMES = ["random", "saturated", "adversarial"]
 # What the GLM layer passes: the final state is needed, and q and k are normalised in the kernel.
@@ -180,16 +180,6 @@ def test_chunk_kda_ignores_the_environment_and_defaults_to_the_sequential_carry_
         monkeypatch.setenv("GLM5_NEXT_KDA_SCAN", value)
         assert ops() == sequential  # the caller passes its switch; unset means the device default
         assert ops(use_scan=True) == scan
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
 
 
 class _MaxRank(TorchDispatchMode):

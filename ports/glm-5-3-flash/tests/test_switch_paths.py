@@ -9,25 +9,14 @@ directly; the two paths' counts differ, so the count says which one ran.
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from glm5_next_hpu.reference import Glm5NextReference
 from glm5_next_hpu.switches import Switches, read_switches
-from reference_harness import tiny_config
+from reference_harness import OpCount as _Count, tiny_config
 
 TRUE = ["1", "true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", " 1 "]
 FALSE = ["0", "false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"]
 T = 320  # five 64-token chunks: the sequential carry's op count grows with them, the scan's barely
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(scope="module")
