@@ -1,7 +1,6 @@
 """Builders shared by the parity tests: a tiny transformers reference, its checkpoint-format
 tensors, the port loaded from those tensors, adversarial KDA inputs, and comparisons."""
 
-import math
 import tempfile
 from dataclasses import dataclass
 
