@@ -228,21 +228,24 @@ def _new_fix_dir(pack: Pack, profile: Profile, port: Port | None, fix_id: str) -
     return (port.dir / "fixes" / fix_id) if port else (pack.root / profile.fixes_dir / fix_id)
 
 
-def _add_to_list(path: Path, key: str, fix_id: str) -> None:
-    """Append ``- <id>`` entries as the file writes them: after the last item of its top-level
-    ``key:`` block (which must end the file), keeping every comment."""
-    lines = path.read_text().splitlines(keepends=True)
+def _with_entry(path: Path, key: str, fix_id: str) -> str:
+    """The file's text with ``fix_id`` appended to its top-level ``key:`` list, as the file writes
+    its items, every comment kept. The list must end the file (or be an empty ``[]``)."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.startswith(f"{key}:")]
+    if len(starts) == 1 and lines[starts[0]].split("#")[0].strip() == f"{key}: []":
+        lines[starts[0]] = f"{key}:\n  - {fix_id}\n"
+        return "".join(lines)
     if len(starts) != 1 or any(line.strip() and not line[0].isspace() and not line.startswith(("#", "- ")) for line in lines[starts[0] + 1:]):
-        raise ConfigError(f"{path}: add `{fix_id}` to its `{key}` list by hand (the list does not end the file)")
+        raise ConfigError(f"{path}: add `{fix_id}` to its `{key}` list by hand, then commit again (the list does not end the file); nothing was written")
     items = [line for line in lines[starts[0] + 1:] if line.lstrip().startswith("- ")]
     if not items:
-        raise ConfigError(f"{path}: add `{fix_id}` to its `{key}` list by hand (the list is empty or inline)")
+        raise ConfigError(f"{path}: add `{fix_id}` to its `{key}` list by hand, then commit again; nothing was written")
     sample = items[-1]
     indent = sample[: len(sample) - len(sample.lstrip())]
     entry = f"{indent}- id: {fix_id}\n" if sample.lstrip().startswith("- id:") else f"{indent}- {fix_id}\n"
-    text = "".join(lines)
-    path.write_text(text + ("" if text.endswith("\n") else "\n") + entry)
+    return text + ("" if text.endswith("\n") else "\n") + entry
 
 
 def commit(pack: Pack, fix_id: str) -> dict:
@@ -281,19 +284,16 @@ def commit(pack: Pack, fix_id: str) -> dict:
     d = _new_fix_dir(pack, profile, port, fix_id)
     if d.exists():
         raise ConfigError(f"{d} exists but is not in the pack order; remove it or add it to the profile; nothing was written")
+    order = port.dir / "port.yaml" if port is not None else profile.path
+    order_text = _with_entry(order, "patches" if port is not None else "fixes", fix_id)
     d.mkdir(parents=True)
     test = f"test_{fix_id.replace('-', '_')}.py"
     targets = "\n".join(f"  - {{package: {rel.split('/', 1)[0]}, path: {rel.split('/', 1)[1]}}}" for rel in sorted(modified))
     (d / "patch.diff").write_bytes(data)
     (d / "fix.yaml").write_text(FIX_YAML.format(id=fix_id, targets=targets, test=test))
     (d / test).write_text(TEST_STUB.format(id=fix_id, name=fix_id.replace("-", "_")))
-    done["written"] += [str(d / n) for n in ("patch.diff", "fix.yaml", test)]
-    if port is not None:
-        _add_to_list(port.dir / "port.yaml", "patches", fix_id)
-        done["written"].append(str(port.dir / "port.yaml"))
-    else:
-        _add_to_list(profile.path, "fixes", fix_id)
-        done["written"].append(str(profile.path))
+    order.write_text(order_text)
+    done["written"] += [str(d / n) for n in ("patch.diff", "fix.yaml", test)] + [str(order)]
     return done
 
 

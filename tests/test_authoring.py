@@ -113,3 +113,20 @@ def test_an_edit_that_changes_nothing_in_a_diff_fix_leaves_its_file_and_hash_alo
     r = B.fixpack("commit", "fix-one", pack=root)
     assert r.returncode == 0 and "patch.diff already gives the edited files: left as it is" in r.stdout, r.stdout + r.stderr
     assert (root / "fixes" / "fix-one" / "patch.diff").read_bytes() == diff
+
+
+def test_a_new_entry_keeps_the_list_form_and_comments_or_is_refused_before_anything_is_written(tmp_path):
+    from fixpack.authoring import _with_entry
+    from fixpack.errors import ConfigError
+
+    f = tmp_path / "port.yaml"
+    f.write_text("name: p\n# the patches\npatches: []  # none yet\n")
+    assert _with_entry(f, "patches", "new-one") == "name: p\n# the patches\npatches:\n  - new-one\n"
+    f.write_text("fixes:\n  - id: a   # first\n  - id: b\n    opt_in: true\n")
+    assert _with_entry(f, "fixes", "c").endswith("    opt_in: true\n  - id: c\n")
+    f.write_text("patches:\n  - a\nplugin: {package: x}\n")
+    try:
+        _with_entry(f, "patches", "c")
+        raise AssertionError("a list that does not end the file was edited")
+    except ConfigError as exc:
+        assert "by hand" in str(exc) and "nothing was written" in str(exc)

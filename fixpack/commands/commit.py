@@ -55,5 +55,6 @@ def run(args) -> int:
     if not args.keep:
         shutil.rmtree(ws.dir)
     if meta["kind"] is None:
-        print(f"next: write the test (it must fail before the fix), then `fixpack check --profile {meta['profile']} --only {args.id}`")
+        port = f" --port {meta['port']}" if meta.get("port") else ""
+        print(f"next: write the test (it must fail before the fix), then `fixpack check --profile {meta['profile']}{port} --only {args.id}`")
     return 0
