@@ -229,23 +229,33 @@ def _new_fix_dir(pack: Pack, profile: Profile, port: Port | None, fix_id: str) -
 
 
 def _with_entry(path: Path, key: str, fix_id: str) -> str:
-    """The file's text with ``fix_id`` appended to its top-level ``key:`` list, as the file writes
-    its items, every comment kept. The list must end the file (or be an empty ``[]``)."""
-    text = path.read_text()
-    lines = text.splitlines(keepends=True)
+    """The file's text with ``fix_id`` appended to its top-level ``key:`` list, written as the
+    list writes its items, every comment and every other key kept."""
+    lines = path.read_text().splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
     starts = [i for i, line in enumerate(lines) if line.startswith(f"{key}:")]
-    if len(starts) == 1 and lines[starts[0]].split("#")[0].strip() == f"{key}: []":
-        lines[starts[0]] = f"{key}:\n  - {fix_id}\n"
+    if len(starts) != 1:
+        raise ConfigError(f"{path}: no single top-level `{key}:` list; add `{fix_id}` to it by hand; nothing was written")
+    head = starts[0]
+    if lines[head].split("#")[0].strip() == f"{key}: []":
+        lines[head] = f"{key}:\n  - {fix_id}\n"
         return "".join(lines)
-    if len(starts) != 1 or any(line.strip() and not line[0].isspace() and not line.startswith(("#", "- ")) for line in lines[starts[0] + 1:]):
-        raise ConfigError(f"{path}: add `{fix_id}` to its `{key}` list by hand, then commit again (the list does not end the file); nothing was written")
-    items = [line for line in lines[starts[0] + 1:] if line.lstrip().startswith("- ")]
-    if not items:
-        raise ConfigError(f"{path}: add `{fix_id}` to its `{key}` list by hand, then commit again; nothing was written")
-    sample = items[-1]
-    indent = sample[: len(sample) - len(sample.lstrip())]
-    entry = f"{indent}- id: {fix_id}\n" if sample.lstrip().startswith("- id:") else f"{indent}- {fix_id}\n"
-    return text + ("" if text.endswith("\n") else "\n") + entry
+    end = head + 1  # the block: indented lines and "- " items, up to the next top-level key
+    last_item = None
+    while end < len(lines) and (not lines[end].strip() or lines[end][0].isspace() or lines[end].startswith(("#", "- "))):
+        if lines[end].lstrip().startswith("- "):
+            last_item = end
+        end += 1
+    if last_item is None:
+        raise ConfigError(f"{path}: the `{key}` list is not a block list; add `{fix_id}` to it by hand; nothing was written")
+    sample = lines[last_item]
+    after = last_item + 1  # the last item's own continuation lines (deeper than its dash)
+    dash = len(sample) - len(sample.lstrip())
+    while after < end and lines[after].strip() and not lines[after].startswith("#") and len(lines[after]) - len(lines[after].lstrip()) > dash:
+        after += 1
+    entry = f"{sample[:dash]}- id: {fix_id}\n" if sample.lstrip().startswith("- id:") else f"{sample[:dash]}- {fix_id}\n"
+    return "".join(lines[:after] + [entry] + lines[after:])
 
 
 def commit(pack: Pack, fix_id: str) -> dict:

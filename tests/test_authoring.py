@@ -124,9 +124,11 @@ def test_a_new_entry_keeps_the_list_form_and_comments_or_is_refused_before_anyth
     assert _with_entry(f, "patches", "new-one") == "name: p\n# the patches\npatches:\n  - new-one\n"
     f.write_text("fixes:\n  - id: a   # first\n  - id: b\n    opt_in: true\n")
     assert _with_entry(f, "fixes", "c").endswith("    opt_in: true\n  - id: c\n")
-    f.write_text("patches:\n  - a\nplugin: {package: x}\n")
+    f.write_text("patches:\n  - a   # first\n  - b\n# what follows\nplugin: {package: x}\n")
+    assert _with_entry(f, "patches", "c") == "patches:\n  - a   # first\n  - b\n  - c\n# what follows\nplugin: {package: x}\n"
+    f.write_text("name: x\npatches: {a: 1}\n")
     try:
         _with_entry(f, "patches", "c")
-        raise AssertionError("a list that does not end the file was edited")
+        raise AssertionError("a list that is not a block list was edited")
     except ConfigError as exc:
         assert "by hand" in str(exc) and "nothing was written" in str(exc)
