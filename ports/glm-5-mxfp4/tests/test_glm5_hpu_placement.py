@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-
 from glm5_hpu import placement
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4
 from glm5_hpu.placement import FORMAT, PlacementError
