@@ -90,11 +90,18 @@ class MxfpExperts:
 
     @classmethod
     def from_checkpoint(cls, get: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor], prefix: str,
-                        experts: Sequence[int]) -> MxfpExperts:
+                        experts: Sequence[int], tp: tuple[int, int] = (0, 1)) -> MxfpExperts:
         """Load ``experts`` (logical ids, in the storage order wanted) from the converter's keys
         ``{prefix}.experts.{e}.{gate,up,down}_proj.weight`` and ``.weight_scale``; ``prefix`` is
-        ``model.layers.{L}.mlp``. Reads only those experts: one expert group per rank."""
+        ``model.layers.{L}.mlp``. Reads only those experts: one expert group per rank.
+
+        ``tp`` = (rank, size) within the expert group (GLM_MOE_TP = size): this card keeps
+        rows [rank*I/size, (rank+1)*I/size) of gate and up and the same columns of down, whole
+        blocks of 32 only; the group's cards' outputs add up to the whole experts' output."""
         read = get.__getitem__ if isinstance(get, Mapping) else get
+        rank, size = tp
+        if size < 1 or not 0 <= rank < size:
+            raise ValueError(f"tp {tp}: rank must be in 0..size-1 and size at least 1")
         w13, s13, w2, s2 = [], [], [], []
         for e in experts:
             t = {}
@@ -104,11 +111,17 @@ class MxfpExperts:
                     t[p] = (read(f"{key}.weight"), read(f"{key}.weight_scale"))
                 except KeyError:
                     raise KeyError(f"{key}.weight / .weight_scale: not in the checkpoint (expert {e})") from None
-            w13.append(torch.cat([t["gate_proj"][0], t["up_proj"][0]]))
-            s13.append(torch.cat([t["gate_proj"][1], t["up_proj"][1]]))
-            w2.append(t["down_proj"][0])
-            s2.append(t["down_proj"][1])
-        return cls(experts, torch.stack(w13), torch.stack(s13), torch.stack(w2), torch.stack(s2))
+            inter = t["gate_proj"][0].shape[0]
+            if inter % (size * BLOCK):
+                raise ValueError(f"{prefix}.experts.{e}: intermediate size {inter} does not split into {size} "
+                                 f"parts of whole {BLOCK}-blocks (GLM_MOE_TP={size})")
+            part = inter // size
+            rows = slice(rank * part, (rank + 1) * part)
+            w13.append(torch.cat([t["gate_proj"][0][rows], t["up_proj"][0][rows]]))
+            s13.append(torch.cat([t["gate_proj"][1][rows], t["up_proj"][1][rows]]))
+            w2.append(t["down_proj"][0][:, rank * part // 2 : (rank + 1) * part // 2])
+            s2.append(t["down_proj"][1][:, rank * part // BLOCK : (rank + 1) * part // BLOCK])
+        return cls(experts, torch.stack(w13), torch.stack(s13), torch.stack(w2).contiguous(), torch.stack(s2).contiguous())
 
     def weights(self, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Logical expert ``expert``'s (w13 [2I, H], w2 [H, I]), decoded now, in ``dtype``."""

@@ -62,6 +62,16 @@ class Placement:
         return self.order(layer)[index * size : (index + 1) * size]
 
 
+def expert_group(rank: int, world: int, moe_tp: int) -> tuple[int, int, int]:
+    """Card ``rank`` of ``world`` under GLM_MOE_TP=``moe_tp``: (expert group, number of groups,
+    rank within the group). 8 cards at GLM_MOE_TP=2: 4 groups of 2 consecutive cards."""
+    if moe_tp < 1 or world % moe_tp:
+        raise PlacementError(f"GLM_MOE_TP={moe_tp} does not divide the {world} cards")
+    if not 0 <= rank < world:
+        raise PlacementError(f"rank {rank} is not one of 0..{world - 1}")
+    return rank // moe_tp, world // moe_tp, rank % moe_tp
+
+
 def identity(config) -> Placement:
     return Placement(config.n_routed_experts, {})
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from glm5_hpu import placement
-from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4
+from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts, route
 from glm5_hpu.placement import FORMAT, PlacementError
 from glm5_hpu.switches import read_switches
 from test_glm5_hpu_moe import _cfg, _converted, _reference_moe
@@ -127,3 +127,34 @@ def test_a_random_placement_permutes_storage_and_leaves_the_output_identical(tmp
     x = torch.randn(3, 21, cfg.hidden_size).to(dtype)
     with torch.no_grad():
         assert torch.equal(placed(x), plain(x))
+
+
+def test_eight_cards_at_glm_moe_tp_2_hold_a_quarter_of_the_experts_each_half_wide(tmp_path):
+    """The seed's layout, scaled down: 8 cards, GLM_MOE_TP=2, so 4 expert groups of 2 cards; a
+    card holds its group's experts (a placement's slice) with half the intermediate dimension.
+    The 8 cards' routed outputs add up to the whole layer's (fp32; another summation order, so
+    within 1e-6 of the largest magnitude, not bit-equal)."""
+    cfg = _cfg()
+    cfg.num_nextn_predict_layers = 0
+    moe = _reference_moe(cfg, torch.float32)
+    ckpt = _converted(moe)
+    p = placement.load(_write(tmp_path, _valid(16, layers=(1,), seed=5)), cfg)
+    x = torch.randn(40, cfg.hidden_size)
+    w, ids = route(x, moe.gate.weight.detach(), moe.gate.e_score_correction_bias, top_k=4, n_group=1, topk_group=1,
+                   norm_topk_prob=True, routed_scaling_factor=2.5)
+    prefix = "model.layers.1.mlp"
+    whole = MxfpExperts.from_checkpoint(ckpt, prefix, range(16)).forward(x, ids, w)
+    total, held = torch.zeros_like(whole), []
+    moe_tp = read_switches({"GLM_MOE_TP": "2"}).moe_tp
+    for rank in range(8):
+        group, n_groups, tp_rank = placement.expert_group(rank, 8, moe_tp)
+        card = MxfpExperts.from_checkpoint(ckpt, prefix, p.group(1, n_groups, group), tp=(tp_rank, moe_tp))
+        assert card.w13.shape == (4, 2 * 32, cfg.hidden_size // 2) and card.w2.shape == (4, cfg.hidden_size, 16)
+        held += card.experts
+        total += card.forward(x, ids, w)
+    assert sorted(held) == sorted(2 * list(range(16)))  # every expert on exactly its group's 2 cards
+    assert float((total - whole).abs().max()) <= 1e-6 * float(whole.abs().max())
+    with pytest.raises(PlacementError, match=r"GLM_MOE_TP=3 does not divide the 8 cards"):
+        placement.expert_group(0, 8, 3)
+    with pytest.raises(ValueError, match=r"experts.0: intermediate size 64 does not split into 4 parts of whole 32-blocks \(GLM_MOE_TP=4\)"):
+        MxfpExperts.from_checkpoint(ckpt, prefix, [0], tp=(0, 4))
