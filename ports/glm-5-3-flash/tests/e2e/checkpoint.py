@@ -27,10 +27,12 @@ def e2e_config():
 
 
 def build(path: Path, seed: int = 0):
-    """Save reference weights + config + tokenizer to ``path``; return the reference model."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.models.glm5_next import modeling_glm5_next as ref
+    """Save reference weights + config + tokenizer + image processor to ``path``; return the
+    reference model."""
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.glm5_next import Glm5NextImageProcessor, Glm5NextProcessor, Glm5NextVideoProcessor
+    from transformers.models.glm5_next import modeling_glm5_next as ref
 
     torch.manual_seed(seed)
     cfg = e2e_config()
@@ -40,11 +42,34 @@ def build(path: Path, seed: int = 0):
     model.save_pretrained(path, safe_serialization=True)
     vocab = {f"w{i}": i for i in range(cfg.text_config.vocab_size)}
     vocab["[UNK]"] = 1  # shares an id with w1; unknown words never occur in the prompts
+    specials = special_tokens(cfg)
+    for name, i in specials.items():
+        del vocab[f"w{i}"]
+        vocab[name] = i
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(specials))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="w0")
-    fast.save_pretrained(path)
+    # The processor class wants its video processor too; the port serves no video (vLLM refuses it).
+    processor = Glm5NextProcessor(image_processor=Glm5NextImageProcessor(), tokenizer=fast,
+                                  video_processor=Glm5NextVideoProcessor())
+    processor.save_pretrained(path)  # the tokenizer files and processor_config.json
     return model, cfg
+
+
+# Chat markers of the port's serving template (serving/chat_template.jinja) and of vLLM's glm47
+# tool / glm45 reasoning parsers, on ids no test prompt uses.
+CHAT_TOKENS = {"[gMASK]": 240, "<sop>": 241, "<|system|>": 242, "<|user|>": 243, "<|assistant|>": 244,
+               "<think>": 251, "</think>": 252, "<|observation|>": 253, "<tool_call>": 254, "</tool_call>": 255}
+
+
+def special_tokens(cfg) -> dict[str, int]:
+    return {
+        "<|image|>": cfg.image_token_id, "<|begin_of_image|>": cfg.image_start_token_id,
+        "<|end_of_image|>": cfg.image_end_token_id, "<|video|>": cfg.video_token_id,
+        "<|begin_of_video|>": cfg.video_start_token_id, "<|end_of_video|>": cfg.video_end_token_id,
+        **CHAT_TOKENS,
+    }
 
 
 def prompt_ids(n: int, seed: int = 0) -> list[list[int]]:
