@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,9 +65,15 @@ def near_square_grid(tokens: int) -> tuple[int, int]:
 
 
 class Glm5NextProcessingInfo(BaseProcessingInfo):
+    @cached_property
+    def switches(self):
+        """The GLM5_NEXT_* switches as this process started with them (read once)."""
+        return read_switches()
+
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         # Video is left out: vLLM then treats it as unsupported (validate_num_items below).
-        return {IMAGE: None}
+        # GLM5_NEXT_VISION=0: no tower, so vLLM neither profiles nor accepts images.
+        return {IMAGE: None if self.switches.vision else 0}
 
     def validate_num_items(self, modality: str, num_items: int) -> None:
         if modality != IMAGE:
@@ -74,7 +81,7 @@ class Glm5NextProcessingInfo(BaseProcessingInfo):
                 f"GLM-5.3-Flash (glm5_next_hpu) serves text and images only; {modality} input is not supported",
                 parameter=modality,
             )
-        if num_items > 0 and not read_switches().vision:
+        if num_items > 0 and not self.switches.vision:
             raise VLLMValidationError(
                 "GLM5_NEXT_VISION=0: this server built no vision tower and accepts no images", parameter=modality
             )
@@ -91,7 +98,7 @@ class Glm5NextProcessingInfo(BaseProcessingInfo):
     def image_max_tokens(self) -> int:
         """min(the checkpoint processor's max_image_tokens, GLM5_NEXT_IMAGE_MAX_TOKENS)."""
         checkpoint = getattr(self.get_image_processor(), "max_image_tokens", None)
-        switch = read_switches().image_max_tokens
+        switch = self.switches.image_max_tokens
         return switch if checkpoint is None else min(int(checkpoint), switch)
 
     def get_mm_max_tokens_per_item(self, seq_len: int, mm_counts: Mapping[str, int]) -> Mapping[str, int]:
