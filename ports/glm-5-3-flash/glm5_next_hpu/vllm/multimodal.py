@@ -10,7 +10,8 @@
 * **GLM5_NEXT_IMAGE_MAX_TOKENS is enforced by resizing to fit**, as the checkpoint's processor
   does with its own ``max_image_tokens``: the processor is called with ``max_image_tokens =
   min(checkpoint's, switch)``, whatever the request's ``mm_processor_kwargs`` ask for, and every
-  processed image is checked against the cap (a 400 naming the cap if one ever exceeds it).
+  processed image is checked against the cap and the tower's patch geometry (a 400 naming what
+  does not fit, instead of a shape error in the engine).
 * **No video**: the model serves none, so a video item is refused (HTTP 400 through the server)
   with a message that says so. With GLM5_NEXT_VISION=0 no tower is built and images are refused
   the same way.
@@ -48,8 +49,41 @@ IMAGE = "image"
 IMAGE_PLACEHOLDER = "<|begin_of_image|><|image|><|end_of_image|>"
 
 
-class ImageCapError(ValueError):
-    """An image would add more tokens than GLM5_NEXT_IMAGE_MAX_TOKENS allows."""
+class ImageInputError(ValueError):
+    """An image the tower cannot take as processed (HTTP 400 through the server)."""
+
+
+#: processor settings that fix the patch geometry the tower was built for (config.json)
+GEOMETRY = {"patch_size": "patch_size", "temporal_patch_size": "temporal_patch_size", "merge_size": "spatial_merge_size"}
+
+
+def check_geometry_kwargs(mm_kwargs: Mapping[str, object], vision_config) -> None:
+    """Refuse processor kwargs (a request's mm_processor_kwargs) that would cut patches the tower
+    was not built for: they would reach the engine as tensors of the wrong shape."""
+    for key, field in GEOMETRY.items():
+        if key in mm_kwargs and int(mm_kwargs[key]) != int(getattr(vision_config, field)):
+            raise ImageInputError(f"mm_processor_kwargs {key}={mm_kwargs[key]!r}: the vision tower takes {field} "
+                                  f"{getattr(vision_config, field)} (config.json)")
+    if int(mm_kwargs.get("patch_expand_factor", 1)) != 1:
+        raise ImageInputError(f"mm_processor_kwargs patch_expand_factor={mm_kwargs['patch_expand_factor']!r}: only 1 is served")
+
+
+def check_processed_images(pixel_values: torch.Tensor, grids, vision_config, cap: int) -> None:
+    """What the processor returned against what the tower takes and the cap allows."""
+    vc = vision_config
+    width = int(vc.in_channels) * int(vc.temporal_patch_size) * int(vc.patch_size) ** 2
+    if pixel_values.shape[-1] != width:
+        raise ImageInputError(f"the image processor's patches have {pixel_values.shape[-1]} values, the vision tower takes "
+                              f"{width} (in_channels * temporal_patch_size * patch_size**2 of config.json)")
+    merge = int(vc.spatial_merge_size)
+    for i, grid in enumerate(grids):
+        t, h, w = (int(x) for x in grid)
+        if h % merge or w % merge:
+            raise ImageInputError(f"image {i}: a grid of {h} x {w} patches does not divide into {merge} x {merge} merge windows")
+        n = image_tokens(grid, merge)
+        if n > cap:
+            raise ImageInputError(f"image {i} would add {n} tokens, above the cap of {cap} (GLM5_NEXT_IMAGE_MAX_TOKENS, "
+                                  "or the checkpoint processor's max_image_tokens if lower); it was not resized to fit")
 
 
 def image_tokens(grid_thw, merge: int) -> int:
@@ -135,19 +169,16 @@ class Glm5NextMultiModalProcessor(BaseMultiModalProcessor[Glm5NextProcessingInfo
         if not mm_data:
             ids = self.info.get_tokenizer().encode(prompt, add_special_tokens=False)
             return BatchFeature(dict(input_ids=[ids]), tensor_type="pt")
+        vision_config = self.info.get_hf_config().vision_config
+        check_geometry_kwargs(mm_kwargs, vision_config)
         cap = self.info.image_max_tokens()
         kwargs = dict(mm_kwargs)
         # A request may lower the cap (mm_processor_kwargs), never raise it.
         kwargs["max_image_tokens"] = min(int(kwargs.get("max_image_tokens", cap)), cap)
         out = super()._call_hf_processor(prompt, mm_data, kwargs, tok_kwargs)
         out.pop("mm_token_type_ids", None)  # images only: every image token is type 1
-        for i, grid in enumerate(out.get("image_grid_thw", ())):
-            n = image_tokens(grid, self.info.merge_size)
-            if n > cap:
-                raise ImageCapError(
-                    f"image {i} would add {n} tokens, above GLM5_NEXT_IMAGE_MAX_TOKENS / the processor's "
-                    f"max_image_tokens ({cap}); the processor should have resized it"
-                )
+        if "pixel_values" in out:
+            check_processed_images(out["pixel_values"], out["image_grid_thw"], vision_config, cap)
         return out
 
     def _get_mm_fields_config(

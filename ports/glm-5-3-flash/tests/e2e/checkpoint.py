@@ -41,7 +41,10 @@ def build(path: Path, seed: int = 0):
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     vocab = {f"w{i}": i for i in range(cfg.text_config.vocab_size)}
-    vocab["[UNK]"] = 1  # shares an id with w1; unknown words never occur in the prompts
+    # id 1 is [UNK] (no test prompt uses it): a rendered chat prompt has words outside the vocabulary
+    # ("Reasoning effort: max"), and a WordLevel vocabulary keeps one word per id when saved.
+    del vocab["w1"]
+    vocab["[UNK]"] = 1
     specials = special_tokens(cfg)
     for name, i in specials.items():
         del vocab[f"w{i}"]

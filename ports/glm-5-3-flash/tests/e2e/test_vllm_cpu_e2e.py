@@ -184,6 +184,9 @@ def test_bf16_logprobs_close_and_tokens_equal_up_to_first_near_tie(ckpt, referen
     assert engine.apply_model(lambda m: hasattr(m.model, "visual")) == [False]
     skipped = engine.apply_model(lambda m: list(m.load_report.skipped_keys))[0]
     assert skipped and all(key.startswith("model.visual.") for key in skipped)
+    with pytest.raises(ValueError, match="GLM5_NEXT_VISION=0"):  # no tower: images are refused, not dropped
+        engine.generate([TokensPrompt(prompt_token_ids=ck.image_prompt_ids(engine.llm_engine.model_config.hf_config, 1),
+                                      multi_modal_data={"image": ck.images_for(1)})], sp, use_tqdm=False)
     worst = 0.0
     for i, (p, o, want) in enumerate(zip(prompts, outs, reference_tokens)):
         with torch.no_grad():
