@@ -16,13 +16,13 @@ def sampling_env(monkeypatch):
     """The real modules the sampling path uses, with only hardware taken out."""
     import numpy as np
     import torch
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.sched.output import GrammarOutput
-    from vllm.v1.sample.sampler import Sampler
     import vllm.utils.torch_utils as torch_utils
     import vllm_gaudi.utils as gaudi_utils
     import vllm_gaudi.v1.worker.hpu_input_batch as hib
     import vllm_gaudi.v1.worker.hpu_model_runner as hmr
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.output import GrammarOutput
+    from vllm.v1.sample.sampler import Sampler
 
     # Hardware only: the real row update with "device" tensors on the CPU, no pinned memory.
     monkeypatch.setattr(hib, "async_h2d_update", functools.partial(gaudi_utils.async_h2d_update, device="cpu"))
@@ -88,7 +88,7 @@ def make_runner(e, favourite):
         for c in contents:
             if not c.req_ids:
                 continue
-            owners = [r for r, pos in zip(c.req_ids, c.logits_positions) for _ in pos]
+            owners = [r for r, pos in zip(c.req_ids, c.logits_positions, strict=True) for _ in pos]
             for lst, v in ((pre.request_ids, c.req_ids), (pre.prompt_lens, c.prompt_lens), (pre.token_ids, e.torch.zeros(1, 1)),
                            (pre.position_ids, None), (pre.attn_metadata, None), (pre.logits_indices, owners),
                            (pre.logits_requests, owners)):
