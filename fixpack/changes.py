@@ -8,13 +8,13 @@ against the lock's pins, so a diff shown as matching them is the change `fixpack
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fixpack.diffpatch import unified
 from fixpack.errors import ConfigError, SourceUnavailable
 
 
@@ -65,20 +65,6 @@ def release_roots(lock, packages: set[str]) -> dict[str, Path]:
 
 def _sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
-
-
-def unified(rel: str, old: bytes | None, new: bytes | None) -> str:
-    """A unified diff of one file, as `git diff` names the sides."""
-
-    def lines(data: bytes | None) -> list[str]:
-        out = (data or b"").decode("utf-8", "replace").splitlines(keepends=True)
-        if out and not out[-1].endswith("\n"):
-            out[-1] += "\n\\ No newline at end of file\n"
-        return out
-
-    fromfile = f"a/{rel}" if old is not None else "/dev/null"
-    tofile = f"b/{rel}" if new is not None else "/dev/null"
-    return "".join(difflib.unified_diff(lines(old), lines(new), fromfile, tofile))
 
 
 def chain_changes(pack, profile, lock, *, upto: str | None = None, key: str | None = None) -> list[FixChange]:
@@ -148,7 +134,9 @@ def chain_changes(pack, profile, lock, *, upto: str | None = None, key: str | No
             if upto is None or fix.id == upto:
                 prior = sorted({f for rel in before for f in touched.get(rel, [])}, key=[s["fix"] for s in steps].index)
                 diff = "".join(
-                    unified(rel, before[rel], after[rel]) for rel in sorted(before) if before[rel] != after[rel]
+                    unified(b, after[rel] or b"", rel)
+                    for rel, b in sorted(before.items())
+                    if b != after[rel] and b is not None
                 )
                 out.append(FixChange(fix.id, diff, prior, problems))
             for rel, data in new.items():
