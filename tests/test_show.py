@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import yaml
-from builders import make_pack, pristine_source, write_lock
+from testing.builders import make_pack, pristine_source, write_lock
 
 from fixpack.main import main
 
