@@ -12,8 +12,8 @@
    scenarios (full tmpfs, read-only mount, chattr +i, targets swapped mid-run, state record
    and journal lost or corrupted, backups lost, lock held, ...).
 3. concurrency: 8 runs at once, apply against revert, a lock holder killed.
-4. hostile input: every case of tests/hostile_cases.py.
-5. sandbox: every escape of tests/sandbox_cases.py (a fix's process writing outside its
+4. hostile input: every case of testing/hostile_cases.py.
+5. sandbox: every escape of testing/sandbox_cases.py (a fix's process writing outside its
    targets through libc, which the audit hook cannot see), once under Landlock (refused by
    the kernel) and once with Landlock forced off (caught and undone by the driver's snapshot).
 
@@ -32,12 +32,11 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent))  # the repository root: fixpack and the testing helpers
 
-import hostile_cases as H  # noqa: E402
-import reliability_lib as L  # noqa: E402
-import sandbox_cases as S  # noqa: E402
+from testing import hostile_cases as H  # noqa: E402
+from testing import reliability_lib as L  # noqa: E402
+from testing import sandbox_cases as S  # noqa: E402
 
 
 def say(*a):

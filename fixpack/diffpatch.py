@@ -180,10 +180,18 @@ def rebase_file_patch(data: bytes, fp: FilePatch) -> tuple[str, bytes | None, li
     return "conflict", None, conflicts
 
 
+def _diff_lines(data: bytes) -> list[str]:
+    # split as diff(1) and parse_diff do (str.splitlines would also split at form feeds and
+    # U+2028, giving a diff that does not parse), and mark a last line without a newline
+    lines = split_lines(data.decode("utf-8"))
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n\\ No newline at end of file\n"
+    return lines
+
+
 def unified(old: bytes, new: bytes, rel: str) -> str:
-    """A fresh diff between two versions of one file, in the pack's header convention."""
+    """A fresh diff between two versions of one file, in the pack's header convention; it
+    parses with parse_diff and applies to ``old`` giving ``new``."""
     import difflib
 
-    a = old.decode("utf-8").splitlines(keepends=True)
-    b = new.decode("utf-8").splitlines(keepends=True)
-    return "".join(difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}", n=3))
+    return "".join(difflib.unified_diff(_diff_lines(old), _diff_lines(new), f"a/{rel}", f"b/{rel}", n=3))

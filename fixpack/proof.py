@@ -196,7 +196,7 @@ def run_tests(fix, tree: Path, timeout: float, *, stop_at_first_failure: bool = 
                 return TestRun(124, time.perf_counter() - t0, summary=f"timed out after {timeout:.0f} s")
             rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
         secs = time.perf_counter() - t0
-        lines = [l for l in stdout.strip().splitlines() if l.strip()]
+        lines = [line for line in stdout.strip().splitlines() if line.strip()]
         summary = lines[-1] if lines else stderr.strip()[-300:]
         if not report.is_file():
             return TestRun(rc, secs, summary=f"no test report (pytest exit {rc}): {summary}")
@@ -265,6 +265,7 @@ def red_green(fix, before: TestRun, after: TestRun) -> dict:
     for nodeid in list(after.tests) + [n for n in before.tests if n not in after.tests]:
         b, a = before.tests.get(nodeid), after.tests.get(nodeid)
         rec = b or a
+        assert rec is not None  # nodeid comes from one of the two runs
         guard = [g for g in guards if guard_matches(g, nodeid, rec["name"])]
         used.update(guard)
         row = {"test": nodeid.split("::", 1)[-1], "role": "guard" if guard else "red-green"}
@@ -327,7 +328,7 @@ class Part:
 def _diff_parts(fix) -> list[tuple[Part, str, int]]:
     from fixpack.diffpatch import parse_diff
 
-    out = []
+    out: list[tuple[Part, str, int]] = []
     for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
         for j, h in enumerate(fp.hunks):
             out.append((Part(len(out), f"{fp.path} {h.header}"), fp.path, j))
@@ -349,7 +350,7 @@ class _CodemodRecorder:
 
         def replace_once(node, old, new, *, indent=0, what=""):
             k = len(self.labels)
-            first = next((l.strip() for l in old.splitlines() if l.strip()), "")
+            first = next((line.strip() for line in old.splitlines() if line.strip()), "")
             self.labels.append(f"{self._current}: {what or first[:70]!s}")
             self.calls.append((self._target, old, new))
             if k == self.drop:
@@ -358,7 +359,7 @@ class _CodemodRecorder:
 
         for mod in {sys.modules[c.__module__] for c in self.rewrites}:
             if getattr(mod, "replace_once", None) is real:
-                mod.replace_once = replace_once
+                mod.replace_once = replace_once  # type: ignore[attr-defined]  # a module's global, swapped on purpose
         self._current = ""
         for cls in self.rewrites:
             orig = cls.rewrite
@@ -367,7 +368,7 @@ class _CodemodRecorder:
                 _rec._current = qualname
                 return _orig(inst, qualname, node)
 
-            cls.rewrite = rewrite
+            cls.rewrite = rewrite  # type: ignore[method-assign]  # wrapped on purpose, to record the qualname
 
 
 def apply_change(fix, tree: Path, drop: int | None = None) -> tuple[dict[str, bytes], list[Part]]:
@@ -392,8 +393,7 @@ def apply_change(fix, tree: Path, drop: int | None = None) -> tuple[dict[str, by
         new = apply_rewrites(rec.rewrites, t.rel, src.decode()).text.encode()
         if new != src:
             out[t.rel] = new
-    parts = [Part(i, label) for i, label in enumerate(rec.labels)]
-    return out, parts
+    return out, [Part(i, label) for i, label in enumerate(rec.labels)]
 
 
 def codemod_edits(fix, tree: Path) -> dict[str, list[tuple[str, str]]]:

@@ -60,7 +60,8 @@ def record_selection(pack: Pack, profile: Profile, port: Port | None, opt_ins: l
     store = Store(tree / ".fixpack")
     engine = Engine(pack, profile, port, opt_ins, found, store, None, report=Reporter(quiet=quiet), check_idempotent=True, memo=memo, anchors=anchors)
     engine.apply()
-    return store.read_state()["steps"]
+    state = store.read_state()
+    return state["steps"] if state is not None else []  # no state record: nothing was applied
 
 
 def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, quiet=True) -> dict:

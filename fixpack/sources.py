@@ -124,7 +124,7 @@ def _read_record(wheel: Path) -> tuple[zipfile.ZipFile, dict[str, str | None]]:
 
 def wheel_tree(dist: str, version: str, package: str) -> Path:
     """The package folder of a release wheel, verified file by file against RECORD."""
-    tree_id = f"wheel-{dist}-{version}"
+    tree_id = _tree_id({"kind": "wheel", "distribution": dist, "version": version})
     root = cache_dir() / "trees" / tree_id
     if (root / COMPLETE).is_file() and (root / package).is_dir():
         return root
@@ -228,7 +228,7 @@ def _has_commit(repo, commit: str) -> bool:
 
 def git_tree(name: str, commit: str, package: str, *, url: str | None = None, clone: Path | None = None) -> Path:
     """The package folder of a repository at a commit."""
-    tree_id = f"git-{name}-{commit}"
+    tree_id = _tree_id({"kind": "git", "repo": name, "commit": commit})
     root = cache_dir() / "trees" / tree_id
     if (root / COMPLETE).is_file() and (root / package).is_dir():
         return root
@@ -297,6 +297,30 @@ def rev_parse(name: str, ref: str) -> str:
 
 
 # ---------------------------------------------------------------- releases
+
+
+def _tree_id(spec: dict) -> str:
+    """The cache folder name under trees/ of one source entry."""
+    if spec.get("kind") == "wheel":
+        return f"wheel-{spec['distribution']}-{spec['version']}"
+    if spec.get("kind") == "git":
+        return f"git-{spec['repo']}-{spec['commit']}"
+    raise SourceUnavailable(f"unknown source kind {spec.get('kind')!r}")
+
+
+def cached_tree(package: str, spec: dict) -> Path | None:
+    """The cached tree holding ``package`` for one source entry, or None when the cache does
+    not hold it complete. Fetches and extracts nothing (for commands that only read)."""
+    root = cache_dir() / "trees" / _tree_id(spec)
+    return root if (root / COMPLETE).is_file() and (root / package).is_dir() else None
+
+
+def describe(spec: dict) -> str:
+    """One source entry in words: `vllm 0.26.0 (wheel)`, `vllm-gaudi v0.26.0 b059f9c95 (git)`."""
+    if spec.get("kind") == "wheel":
+        return f"{spec.get('distribution')} {spec.get('version')} (wheel)"
+    ref = spec.get("tag") or spec.get("branch") or ""
+    return f"{spec.get('repo')} {ref} {str(spec.get('commit', ''))[:9]} (git)".replace("  ", " ")
 
 
 def package_tree(package: str, spec: dict) -> Path:

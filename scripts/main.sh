@@ -9,10 +9,12 @@ FP=.venv/bin/fixpack
 $FP sources tree "$DEST" --profile v0.26.0
 echo "== image build: python apply_all.py --profile v0.26.0 --root $DEST"
 .venv/bin/python apply_all.py --profile v0.26.0 --root "$DEST"
+# the profile's opt-ins, one argument each
+mapfile -t OPT_INS < <($FP list --profile v0.26.0 --json | .venv/bin/python -c 'import json,sys; [print(f["id"]) for f in json.load(sys.stdin)[0]["fixes"] if f["role"]=="opt-in"]')
 echo "== container start, with the opt-in: python apply_all.py --profile v0.26.0 glm47-streaming-text-markers --root $DEST"
-.venv/bin/python apply_all.py --profile v0.26.0 $($FP list --profile v0.26.0 --json | .venv/bin/python -c 'import json,sys; print(" ".join(f["id"] for f in json.load(sys.stdin)[0]["fixes"] if f["role"]=="opt-in"))') --root "$DEST"
+.venv/bin/python apply_all.py --profile v0.26.0 "${OPT_INS[@]}" --root "$DEST"
 echo "== container start again (already applied: hashing only)"
-.venv/bin/python apply_all.py --profile v0.26.0 $($FP list --profile v0.26.0 --json | .venv/bin/python -c 'import json,sys; print(" ".join(f["id"] for f in json.load(sys.stdin)[0]["fixes"] if f["role"]=="opt-in"))') --root "$DEST"
+.venv/bin/python apply_all.py --profile v0.26.0 "${OPT_INS[@]}" --root "$DEST"
 echo "== fixpack verify"
 $FP verify --root "$DEST"
 echo "scratch tree with the profile applied: $DEST"

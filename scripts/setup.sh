@@ -13,6 +13,8 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 # torch first and pinned: 2.13.0 is the CPU build; any other version pulls a multi-GB CUDA build.
 pip install torch==2.13.0
 pip install -e '.[test]'
+# lint and type-check tools (pre-commit's hooks call them in .venv)
+pip install -r requirements/dev.txt
 pip install -r requirements/vllm-0.26.0-cpu.txt
 pip install transformers==5.23.0
 # glm-5-mxfp4 converter: its own requirements, and torchao 0.18.0 as its tests' oracle.

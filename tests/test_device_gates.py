@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from builders import REPO
+from testing.builders import REPO
 
 
 def load(rel: str):

@@ -6,7 +6,7 @@ import json
 import os
 import stat
 
-from builders import DIFF_ONE, MOD_A, OTHER, X_B, apply_all, fixpack, hashes, make_pack, new_tree, write_fix, write_lock
+from testing.builders import DIFF_ONE, MOD_A, OTHER, X_B, apply_all, fixpack, hashes, make_pack, new_tree, write_fix, write_lock
 
 
 def read(tree, rel):
@@ -73,7 +73,7 @@ def test_fast_path_imports_neither_libcst_nor_gitpython_nor_the_engine(pack):
     import subprocess
     import sys
 
-    from builders import REPO
+    from testing.builders import REPO
 
     code = (
         "import runpy, sys\n"
@@ -262,7 +262,7 @@ def make_port(root):
     """A port 'demo' on the synthetic profile, with one patch of its own (the layer below)."""
     import yaml
 
-    from builders import write_fix
+    from testing.builders import write_fix
 
     d = root / "ports" / "demo"
     d.mkdir(parents=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from builders import REPO
+from testing.builders import REPO
 from fixpack.forkserver import ForkServer, ServerDied
 
 SRC = "def f():\n    return 1\n"

@@ -26,7 +26,7 @@ from pathlib import Path
 from unittest import mock
 
 import yaml
-from builders import fix_yaml, write_lock, write_tree
+from testing.builders import fix_yaml, write_lock, write_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from builders import REPO, apply_all, fixpack
+from testing.builders import REPO, apply_all, fixpack
 
 pytestmark = pytest.mark.release
 

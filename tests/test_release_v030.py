@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from builders import REPO, fixpack
+from testing.builders import REPO, fixpack
 from test_real_release import proof_holds
 
 pytestmark = pytest.mark.release

@@ -10,8 +10,8 @@ bench/reliability_report.py run every point.
 from __future__ import annotations
 
 import pytest
-import reliability_lib as L
-from builders import fixpack
+from testing import reliability_lib as L
+from testing.builders import fixpack
 
 KINDS = {"staged object", "renamed object", "staged journal.json", "renamed journal.json", "journal written", "staged target",
          "renamed target", "staged state.json", "renamed state.json", "state written", "journal removed"}

@@ -1,5 +1,5 @@
 """A fix's process is kept inside its staging folder by the kernel, and caught by the driver
-when the kernel cannot keep it there (tests/sandbox_cases.py has the cases)."""
+when the kernel cannot keep it there (testing/sandbox_cases.py has the cases)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import builders as B  # noqa: E402
-import reliability_lib as L  # noqa: E402
-from sandbox_cases import ESCAPES, landlock_here, run_escape  # noqa: E402
+from testing import builders as B
+from testing import reliability_lib as L
+from testing.sandbox_cases import ESCAPES, landlock_here, run_escape
 
 NO_LANDLOCK = landlock_here()
 
@@ -107,7 +106,7 @@ def test_required_landlock_that_is_missing_fails_the_fix(tmp_path):
 def test_the_hook_alone_refuses_the_python_level_ways(body, msg, tmp_path):
     """With Landlock forced off the audit hook still refuses these before the system call."""
     root, tree = L.copy_pack("codemod-first", tmp_path)
-    from hostile_cases import Ctx
+    from testing.hostile_cases import Ctx
 
     Ctx(root, tree, tmp_path, tmp_path / "m").codemod(body + "\nreturn node")
     B.forge_lock(root, "fix-two")

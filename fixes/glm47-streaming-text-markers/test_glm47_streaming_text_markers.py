@@ -12,10 +12,8 @@ import json
 
 import pytest
 
-GLM_SPECIAL = ["<|endoftext|>", "[MASK]", "[gMASK]", "<sop>", "<eop>",
-               "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
-GLM_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>",
-             "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+from packtests.glm_tokenizer import save_glm_like_tokenizer
+
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
@@ -24,25 +22,9 @@ TOOLS = [{"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def glm_dir(tmp_path_factory):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     d = tmp_path_factory.mktemp("glm_like")
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[]
-    )
-    backend.train_from_iterator(
-        ["Let me check the weather. get_weather city Paris tool call think arg key value"] * 5,
-        trainer,
-    )
-    backend.add_special_tokens([AddedToken(t, special=True) for t in GLM_SPECIAL])
-    backend.add_tokens([AddedToken(t, special=False) for t in GLM_ADDED])
-    PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    ).save_pretrained(d)
+    corpus = ["Let me check the weather. get_weather city Paris tool call think arg key value"]
+    save_glm_like_tokenizer(d, corpus, vocab_size=500)
     return d
 
 

@@ -3,7 +3,7 @@ in the step (HPUModelRunner.apply_grammar_bitmask, driven through the real sampl
 also when a prefill chunk before it produced no logits row."""
 import pytest
 
-from fixpack.testing.sampling_runner import add, make_runner, run_step, sampling_env
+from packtests.sampling_runner import add, make_runner, run_step, sampling_env
 
 
 @pytest.fixture()

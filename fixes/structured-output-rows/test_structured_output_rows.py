@@ -3,7 +3,7 @@ sampling parameters, and a prefill chunk that is not finished returns no token (
 scheduling), driven through the real HPUModelRunner.sample_tokens."""
 import pytest
 
-from fixpack.testing.sampling_runner import add, make_runner, run_step, sampling_env
+from packtests.sampling_runner import add, make_runner, run_step, sampling_env
 
 
 @pytest.fixture()

@@ -13,32 +13,15 @@ import types
 
 import pytest
 
-GLM_SPECIAL = ["<|endoftext|>", "[MASK]", "[gMASK]", "<sop>", "<eop>",
-               "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
-GLM_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>",
-             "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+from packtests.glm_tokenizer import save_glm_like_tokenizer
+
 CALL = [{"name": "get_weather", "parameters": {"city": "Paris"}}]
 
 
 @pytest.fixture(scope="module")
 def glm_dir(tmp_path_factory):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     d = tmp_path_factory.mktemp("glm_like")
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[]
-    )
-    backend.train_from_iterator([json.dumps(CALL), "hello world"] * 5, trainer)
-    backend.add_special_tokens([AddedToken(t, special=True) for t in GLM_SPECIAL])
-    backend.add_tokens([AddedToken(t, special=False) for t in GLM_ADDED])
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
-    hf.save_pretrained(d)
+    hf = save_glm_like_tokenizer(d, [json.dumps(CALL), "hello world"], vocab_size=400)
     vocab = hf.get_vocab()
     eos = [vocab["<|endoftext|>"], vocab["<|user|>"], vocab["<|observation|>"]]
     # As in GLM checkpoints: the generation config ends a turn on three ids.

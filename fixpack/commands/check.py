@@ -20,9 +20,13 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fixpack.commands._common import emit_json, pack_of, profile_name
 from fixpack.errors import CheckFailed, SourceUnavailable
+
+if TYPE_CHECKING:
+    from fixpack.pack import Fix
 
 
 def add_parser(sub):
@@ -83,13 +87,15 @@ def run(args) -> int:
         found = {p: tree / p for p in profile.packages if (tree / p).is_dir()}
         store = Store(tree / ".fixpack")
         engine = Engine(pack, profile, port, profile.opt_ins, found, store, lock, report=Reporter(quiet=True), check_idempotent=True)
+        # the lock was passed in, so the engine holds its selection (or has raised)
+        assert engine.pinned is not None
         pins = {s["fix"]: s["files"] for s in engine.pinned["steps"]}
         pristine = proof.snapshot(tree, work / "pristine")
         # Build the chain once, snapshotting the tree before and after each fix.
         t0 = time.perf_counter()
         steps: list[dict] = []
-        jobs = []
-        chain = []
+        jobs: list[dict[str, Any]] = []
+        chain: list[Fix] = []
         for i, fix in enumerate(engine.fixes):
             if port and fix.layer == "profile":
                 break  # a port's check proves its own patches; the profile is checked on its own
@@ -147,7 +153,7 @@ def run(args) -> int:
             for j in jobs:
                 part_jobs += _part_jobs(j, work)
             outs = _pool(args.jobs, lambda pj: _prove_part(pj, args.test_timeout), part_jobs)
-            for pj, out in zip(part_jobs, outs):
+            for pj, out in zip(part_jobs, outs, strict=True):
                 pj["job"].setdefault("parts", []).append(out)
         phase_secs["parts"] = time.perf_counter() - t0
 

@@ -127,19 +127,19 @@ def added_lines(fix, tree: Path) -> dict[str, list[str]]:
 
         for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
             for h in fp.hunks:
-                old = {l.decode("utf-8", "replace").strip() for l in h.old}
-                for l in h.new:
-                    t = _significant(l.decode("utf-8", "replace"))
-                    if t and t not in old:
+                removed = {raw.decode("utf-8", "replace").strip() for raw in h.old}
+                for raw in h.new:
+                    t = _significant(raw.decode("utf-8", "replace"))
+                    if t and t not in removed:
                         out.setdefault(fp.path, []).append(t)
         return out
     from fixpack import proof
 
     for rel, calls in proof.codemod_edits(fix, tree).items():
         for old, new in calls:
-            old_lines = {l.strip() for l in old.splitlines()}
-            for l in new.splitlines():
-                t = _significant(l)
+            old_lines = {line.strip() for line in old.splitlines()}
+            for line in new.splitlines():
+                t = _significant(line)
                 if t and t not in old_lines:
                     out.setdefault(rel, []).append(t)
     return out
@@ -152,8 +152,8 @@ def duplicates(fix, tree: Path) -> list[str]:
         path = tree / rel
         if not lines or not path.is_file():
             continue
-        have = {l.strip() for l in path.read_text(errors="replace").splitlines()}
-        if all(l in have for l in lines):
+        have = {line.strip() for line in path.read_text(errors="replace").splitlines()}
+        if all(line in have for line in lines):
             found.append(f"{rel}: all {len(lines)} line(s) it adds are already there (e.g. {lines[0][:70]!r})")
     return found
 
@@ -168,7 +168,9 @@ def test_verdict(fix, tree: Path, timeout: float) -> tuple[str, str]:
     if run.collect_errors:
         return "cannot run", f"collection: {run.collect_errors[0]['cause']}"
     guards = list(fix.meta.get("regression_guards") or [])
-    reds, broken, n = [], [], 0
+    reds: list[str] = []
+    broken: list[str] = []
+    n = 0
     for nodeid, rec in run.tests.items():
         if any(proof.guard_matches(g, nodeid, rec["name"]) for g in guards):
             continue  # a guard passes with or without the fix: it says nothing here
@@ -231,8 +233,8 @@ def run(args) -> int:
         for n in r["notes"][:5]:
             print(f"      {n[:200]}")
         if args.show_diffs and r["refreshed_diff"]:
-            print("      refreshed diff:\n" + "\n".join("        " + l for l in r["refreshed_diff"].splitlines()))
-    counts = {}
+            print("      refreshed diff:\n" + "\n".join("        " + line for line in r["refreshed_diff"].splitlines()))
+    counts: dict[str, int] = {}
     for r in rows:
         counts[r["class"]] = counts.get(r["class"], 0) + 1
     print("summary: " + ", ".join(f"{v} {labels[k]}" for k, v in counts.items()))

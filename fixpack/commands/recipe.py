@@ -64,7 +64,7 @@ class Recipe:
 
     def args(self) -> list[tuple[str, object]]:
         """(flag, value) with value None for a bare flag."""
-        out = []
+        out: list[tuple[str, object]] = []
         for a in self.data["serve"]["args"]:
             if isinstance(a, str):
                 out.append((a, None))
@@ -79,9 +79,9 @@ class Recipe:
         for section, name, value in self.exports():
             if value.startswith(COOKBOOK):
                 found.append((f"{section}.{name}", value[len(COOKBOOK):]))
-        for flag, value in self.args():
-            if isinstance(value, str) and value.startswith(COOKBOOK):
-                found.append((f"serve.args {flag}", value[len(COOKBOOK):]))
+        for flag, arg in self.args():
+            if isinstance(arg, str) and arg.startswith(COOKBOOK):
+                found.append((f"serve.args {flag}", arg[len(COOKBOOK):]))
         return found
 
 
@@ -252,6 +252,8 @@ def switch_problem(port, name: str, value: str) -> str | None:
         return f"port {port.name} declares switches but has no switch parser at {path}"
     module = f"_fixpack_switches_{package}"
     spec = importlib.util.spec_from_file_location(module, path)
+    if spec is None or spec.loader is None:
+        return f"port {port.name}: cannot load its switch parser {path}"
     parser = sys.modules[module] = importlib.util.module_from_spec(spec)  # dataclasses look the module up
     spec.loader.exec_module(parser)
     return parser.recipe_value_problem(name, port.data["switches"][name], value, where=str(port.dir / "port.yaml"))
@@ -343,7 +345,7 @@ def check_recipe(recipe: Recipe, pack) -> list[dict]:
             else:
                 ok(item, f"{value} (default {declared[name].get('default') if isinstance(declared[name], dict) else declared[name]})")
     for name in d["env"]:
-        if name in declared or (prefix and name.startswith(prefix)):
+        if port is not None and (name in declared or (prefix and name.startswith(prefix))):
             bad(f"env {name}", f"env.{name} looks like a switch of port {port.name}; list it under 'switches' so it is checked")
 
     for item_where, rel in recipe.cookbook_paths():

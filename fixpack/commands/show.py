@@ -1,19 +1,20 @@
-"""fixpack show ID: a fix's description and its change."""
+"""fixpack show ID: a fix's description, and the unified diff it makes on the pinned release
+(computed from the release-source cache by fixpack/changes.py, whatever the fix's kind)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from fixpack.commands._common import emit_json, pack_of
-from fixpack.errors import ConfigError
+from fixpack.errors import ConfigError, FixpackError
 
 
 def add_parser(sub):
-    p = sub.add_parser("show", help="show one fix: what, why, change, targets, tests")
+    p = sub.add_parser("show", help="show one fix: what, why, targets, tests, and the diff it makes on the pinned release")
     p.add_argument("fix")
     p.add_argument("--port", help="look among a port's patches")
     p.add_argument("--pack")
-    p.add_argument("--profile")
+    p.add_argument("--profile", help="the profile whose pinned release the diff is made on (default: the first that has the fix)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -22,7 +23,12 @@ def run(args) -> int:
     args.pack = Path(args.pack) if args.pack else None
     pack = pack_of(args)
     port = pack.port(args.port) if args.port else None
-    profile = pack.profile(args.profile) if args.profile else None
+    if args.profile:
+        profile = pack.profile(args.profile)
+    elif port is not None:
+        profile = pack.profile(port.profile)
+    else:
+        profile = next((pf for pf in map(pack.profile, pack.profile_names()) if any(e.id == args.fix for e in pf.entries)), None)
     entry = next((e for e in profile.entries if e.id == args.fix), None) if profile else None
     if profile is not None and entry is None and port is None:
         raise ConfigError(f"{args.fix!r} is not a fix of profile {profile.name} (its fixes: {', '.join(e.id for e in profile.entries)})")
@@ -31,8 +37,12 @@ def run(args) -> int:
     except ConfigError:
         known = sorted(p.name for p in (pack.root / "fixes").iterdir() if (p / "fix.yaml").exists())
         raise ConfigError(f"unknown fix {args.fix!r}; known: {', '.join(known)}") from None
+    change, unavailable = _change(pack, profile, fix)
     if args.json:
-        emit_json(dict(fix.meta, folder=str(fix.dir), change=fix.change_file.read_text()))
+        shown = {"profile": profile.name if profile else None, "diff": change.diff if change else None, "unavailable": unavailable}
+        if change is not None:
+            shown.update(after=change.prior, pin_problems=change.pin_problems)
+        emit_json(dict(fix.meta, folder=str(fix.dir), change=fix.change_file.read_text(), release_diff=shown))
         return 0
     m = fix.meta
     print(f"{fix.id}  ({fix.kind}, {'CPU-demonstrable' if fix.cpu_demonstrable else 'device gate: ' + m['device_gate']['gate']})")
@@ -50,5 +60,34 @@ def run(args) -> int:
             if package in bases:
                 print(f"  base ({profile.name}) {package}: {bases[package]['text']}")
     print("  tests:   " + ", ".join(m["tests"]))
-    print(f"\n--- {fix.change_file.name}\n{fix.change_file.read_text()}")
+    if change is not None and profile is not None:
+        after = f", after {', '.join(change.prior)} (earlier in pack order, same files)" if change.prior else ""
+        print(f"\n  the change on profile {profile.name}'s pinned release{after}:\n")
+        print(change.diff, end="" if change.diff.endswith("\n") else "\n")
+        if change.pin_problems:
+            for problem in change.pin_problems:
+                print(f"!!! not the pinned change: {problem}")
+        else:
+            print("  (the text it meets and its output are the lock's pinned bytes)")
+    else:
+        print(f"\n!!! the diff on the pinned release is not shown: {unavailable}")
+    if fix.kind != "diff" or change is None:
+        print(f"\n--- {fix.change_file.name}\n{fix.change_file.read_text()}")
+    else:
+        print(f"\n  written as {fix.change_file.name} in {fix.dir}")
     return 0
+
+
+def _change(pack, profile, fix):
+    """(the fix's change on its pinned release, None) or (None, why it cannot be shown)."""
+    if profile is None:
+        return None, f"{fix.id} is in no profile, so it has no pinned release"
+    from fixpack.changes import chain_changes
+    from fixpack.lockfile import Lock
+
+    try:
+        lock = Lock.load(profile.lock_path)
+        (change,) = chain_changes(pack, profile, lock, upto=fix.id)
+    except FixpackError as exc:
+        return None, str(exc)
+    return change, None

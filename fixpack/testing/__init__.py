@@ -108,9 +108,9 @@ def use_tree(tree: Path | str) -> Path:
     tree = Path(tree).resolve()
     for pkg in ("vllm", "vllm_gaudi"):
         mod = sys.modules.get(pkg)
-        if mod is not None and getattr(mod, "__file__", None):
-            if not Path(mod.__file__).resolve().is_relative_to(tree):
-                raise RuntimeError(f"{pkg} already imported from {mod.__file__}, not from {tree}")
+        where = getattr(mod, "__file__", None) if mod is not None else None
+        if where and not Path(where).resolve().is_relative_to(tree):
+            raise RuntimeError(f"{pkg} already imported from {where}, not from {tree}")
     if str(tree) not in sys.path:
         sys.path.insert(0, str(tree))
     # Stale bytecode must never stand in for a rewritten source file.

@@ -96,7 +96,7 @@ def pytest_runtest_makereport(item, call):
 def pytest_collectreport(report):
     if report.failed:
         text = str(report.longrepr)
-        lines = [l for l in text.splitlines() if l.startswith("E ")]
+        lines = [line for line in text.splitlines() if line.startswith("E ")]
         _collect_errors.append({"nodeid": report.nodeid, "cause": _first_line(lines[-1][2:] if lines else text)})
 
 

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import builders as B  # noqa: E402
-import reliability_lib as L  # noqa: E402
+from testing import builders as B
+from testing import reliability_lib as L
 
 
 @dataclass
@@ -287,8 +286,7 @@ def run_case(case: Case, work: Path) -> subprocess.CompletedProcess:
     elif case.mode == "lock":
         code = (
             "import sys\nfrom pathlib import Path\n"
-            f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
-            "from builders import write_lock\nfrom fixpack.errors import FixpackError\n"
+            "from testing.builders import write_lock\nfrom fixpack.errors import FixpackError\n"
             "try:\n"
             f"    write_lock(Path({str(root)!r}))\n"
             "except FixpackError as exc:\n"

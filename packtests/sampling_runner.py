@@ -16,13 +16,13 @@ def sampling_env(monkeypatch):
     """The real modules the sampling path uses, with only hardware taken out."""
     import numpy as np
     import torch
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.sched.output import GrammarOutput
-    from vllm.v1.sample.sampler import Sampler
     import vllm.utils.torch_utils as torch_utils
     import vllm_gaudi.utils as gaudi_utils
     import vllm_gaudi.v1.worker.hpu_input_batch as hib
     import vllm_gaudi.v1.worker.hpu_model_runner as hmr
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.output import GrammarOutput
+    from vllm.v1.sample.sampler import Sampler
 
     # Hardware only: the real row update with "device" tensors on the CPU, no pinned memory.
     monkeypatch.setattr(hib, "async_h2d_update", functools.partial(gaudi_utils.async_h2d_update, device="cpu"))
@@ -39,13 +39,30 @@ def sampling_env(monkeypatch):
             return torch.tensor(*args, **kwargs)
 
     monkeypatch.setattr(hmr, "torch", NoPinTorch())
-    return SimpleNamespace(np=np, torch=torch, SamplingParams=SamplingParams, GrammarOutput=GrammarOutput,
-                           Sampler=Sampler, hib=hib, hmr=hmr)
+    return SimpleNamespace(
+        np=np,
+        torch=torch,
+        SamplingParams=SamplingParams,
+        GrammarOutput=GrammarOutput,
+        Sampler=Sampler,
+        hib=hib,
+        hmr=hmr,
+    )
 
 
-REAL = ("sample_tokens", "_run_sampling", "_prepare_sampling", "_generate_req_id_output_token_ids_lst",
-        "apply_grammar_bitmask", "_ensure_decodes_first", "_is_prompt", "is_decoder_only",
-        "_get_prompts_and_decodes", "_extract_prefill_batch_contents", "_build_logprobs_output")
+REAL = (
+    "sample_tokens",
+    "_run_sampling",
+    "_prepare_sampling",
+    "_generate_req_id_output_token_ids_lst",
+    "apply_grammar_bitmask",
+    "_ensure_decodes_first",
+    "_is_prompt",
+    "is_decoder_only",
+    "_get_prompts_and_decodes",
+    "_extract_prefill_batch_contents",
+    "_build_logprobs_output",
+)
 
 
 def make_runner(e, favourite):
@@ -56,9 +73,16 @@ def make_runner(e, favourite):
     runner = MagicMock()
     for name in REAL:
         setattr(runner, name, getattr(R, name).__get__(runner))
-    runner.input_batch = e.hib.InputBatch(max_num_reqs=8, max_model_len=128, max_num_batched_tokens=128,
-                                          device=e.torch.device("cpu"), pin_memory=False, vocab_size=VOCAB,
-                                          block_sizes=[16], kernel_block_sizes=[16])
+    runner.input_batch = e.hib.InputBatch(
+        max_num_reqs=8,
+        max_model_len=128,
+        max_num_batched_tokens=128,
+        device=e.torch.device("cpu"),
+        pin_memory=False,
+        vocab_size=VOCAB,
+        block_sizes=[16],
+        kernel_block_sizes=[16],
+    )
     runner.requests = {}
     runner.sampler = e.Sampler()
     runner.device = "cpu"
@@ -82,16 +106,22 @@ def make_runner(e, favourite):
         # The real choice of logits rows (_extract_prefill_batch_contents); ids, positions and
         # attention metadata are not needed by a fake forward.
         ib = runner.input_batch
-        sched = [so.num_scheduled_tokens[r] for r in ib.req_ids[:num_prefills + num_decodes]]
+        sched = [so.num_scheduled_tokens[r] for r in ib.req_ids[: num_prefills + num_decodes]]
         contents, _ = runner._extract_prefill_batch_contents(num_prefills, num_decodes, sched, warmup=True)
         pre = e.hmr.PrefillInputData()
         for c in contents:
             if not c.req_ids:
                 continue
-            owners = [r for r, pos in zip(c.req_ids, c.logits_positions) for _ in pos]
-            for lst, v in ((pre.request_ids, c.req_ids), (pre.prompt_lens, c.prompt_lens), (pre.token_ids, e.torch.zeros(1, 1)),
-                           (pre.position_ids, None), (pre.attn_metadata, None), (pre.logits_indices, owners),
-                           (pre.logits_requests, owners)):
+            owners = [r for r, pos in zip(c.req_ids, c.logits_positions, strict=True) for _ in pos]
+            for lst, v in (
+                (pre.request_ids, c.req_ids),
+                (pre.prompt_lens, c.prompt_lens),
+                (pre.token_ids, e.torch.zeros(1, 1)),
+                (pre.position_ids, None),
+                (pre.attn_metadata, None),
+                (pre.logits_indices, owners),
+                (pre.logits_requests, owners),
+            ):
                 lst.append(v)
         dec = None
         if num_decodes:
@@ -112,9 +142,16 @@ def make_runner(e, favourite):
 
 
 def add(e, runner, rid, prompt_len, **sp):
-    state = e.hib.CachedRequestState(req_id=rid, prompt_token_ids=list(range(1, prompt_len + 1)), mm_features=[],
-                                     sampling_params=e.SamplingParams(**sp), generator=None, block_ids=[[0] * 8],
-                                     num_computed_tokens=0, output_token_ids=[])
+    state = e.hib.CachedRequestState(
+        req_id=rid,
+        prompt_token_ids=list(range(1, prompt_len + 1)),
+        mm_features=[],
+        sampling_params=e.SamplingParams(**sp),
+        generator=None,
+        block_ids=[[0] * 8],
+        num_computed_tokens=0,
+        output_token_ids=[],
+    )
     runner.requests[rid] = state
     runner.input_batch.add_request(state)
 
@@ -125,9 +162,12 @@ def run_step(e, runner, scheduled, computed, grammar=None, batch_changed=False):
     ib = runner.input_batch
     for rid, n in computed.items():
         ib.num_computed_tokens_cpu[ib.req_id_to_index[rid]] = n
-    runner.scheduler_output = SimpleNamespace(num_scheduled_tokens=dict(scheduled), scheduled_spec_decode_tokens={},
-                                              total_num_scheduled_tokens=sum(scheduled.values()),
-                                              kv_connector_metadata=None)
+    runner.scheduler_output = SimpleNamespace(
+        num_scheduled_tokens=dict(scheduled),
+        scheduled_spec_decode_tokens={},
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        kv_connector_metadata=None,
+    )
     runner.warmup_mode = True  # skips only the KV-connector calls around the forward
     runner.batch_changed = batch_changed
     grammar_output = None

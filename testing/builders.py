@@ -283,8 +283,8 @@ def forge_lock(pack_root: Path, fid: str, profile: str = "test") -> None:
 
 
 def fault_fixpack(*args: str, pack: Path | None = None, faults: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The CLI with injected faults (tests/faultwrap.py reads FAULT_* from the environment)."""
-    cmd = [sys.executable, str(REPO / "tests" / "faultwrap.py"), *args]
+    """The CLI with injected faults (testing/faultwrap.py reads FAULT_* from the environment)."""
+    cmd = [sys.executable, "-m", "testing.faultwrap", *args]
     if pack is not None:
         cmd += ["--pack", str(pack)]
     e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(REPO))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the fixpack CLI with injected faults. A test helper, not part of fixpack.
 
-    python tests/faultwrap.py <fixpack arguments...>
+    PYTHONPATH=<repo> python -m testing.faultwrap <fixpack arguments...>
 
 Faults come from the environment, so a test starts fixpack exactly as a user does, in its
 own process, with one thing going wrong:
@@ -26,7 +26,6 @@ import os
 import stat
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 _writes = 0
 _real_write = os.write

@@ -24,9 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import builders as B  # noqa: E402
+from testing import builders as B
 
 REPO = B.REPO
 SYNTH_PACKAGES = ["pkg_a", "pkg_b"]

@@ -19,11 +19,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import builders as B  # noqa: E402
-import reliability_lib as L  # noqa: E402
-from hostile_cases import Ctx  # noqa: E402
+from testing import builders as B
+from testing import reliability_lib as L
+from testing.hostile_cases import Ctx
 
 # Every case gets these names: libc, fail() (raise the errno), T (the tree), S (the staging folder, the cwd).
 PRELUDE = """
