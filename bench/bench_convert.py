@@ -1,6 +1,6 @@
 """glm-5-mxfp4 converter throughput against the cold read rate of the same source, in one run.
 
-    .venv/bin/python bench/bench_convert.py [--experts 256] [--dir TMPDIR] [--keep]
+    .venv/bin/python bench/bench_convert.py [--experts 256] [--dir TMPDIR] [--keep] [--src KEPT_SRC]
 
 Builds a synthetic glm_moe_dsa checkpoint holding one full-size MoE layer (by default 256 experts,
 gate/up [2048, 6144] and down [6144, 2048] in BF16, N(0, 0.02): 19.3 GB, in 5 GB shards) plus that
@@ -161,29 +161,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--dir", default=None, help="where to write the synthetic checkpoint (default: the temp folder)")
-    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the synthetic checkpoint (its path is printed)")
+    ap.add_argument("--src", default=None,
+                    help="reuse a synthetic checkpoint kept by an earlier --keep run (its src folder; left in place)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-convert-", dir=args.dir)
-    need = args.experts * 3 * INTER * HIDDEN * 2 * 1.3 + 1e9
+    need = (0 if args.src else args.experts * 3 * INTER * HIDDEN * 2) * 1.3 + 1e9
     free = shutil.disk_usage(base).free
     if free < need:
         print(f"{base}: {free / 1e9:.1f} GB free, the benchmark needs {need / 1e9:.1f} GB", file=sys.stderr)
         shutil.rmtree(base)
         return 2
-    src_dir, dst_dir = os.path.join(base, "src"), os.path.join(base, "dst")
-    os.mkdir(src_dir)
+    src_dir, dst_dir = args.src or os.path.join(base, "src"), os.path.join(base, "dst")
     try:
         t0 = time.perf_counter()
-        build(src_dir, args.experts)
+        if not args.src:
+            os.mkdir(src_dir)
+            build(src_dir, args.experts)
         build_s = time.perf_counter() - t0
         src = Source(src_dir)
+        args.experts = sum(1 for n in src.tensors if n.endswith(".gate_proj.weight") and ".experts." in n)
         shards = [h.path for h in src.headers.values()]
         unit = "layer-0"
         largest = max(t.entry.nbytes for t in src.tensors.values())
         print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); load average before: "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(f"synthetic layer: {args.experts} experts, {src.unit_bytes(unit) / 1e9:.2f} GB in {len(shards)} shards "
-              f"(built in {build_s:.0f} s)")
+              + (f"(reused {src_dir})" if args.src else f"(built in {build_s:.0f} s)"))
         # 1. cold read
         drop_cache(shards)
         nbytes, read_s, direct = cold_read(src, unit)
@@ -245,10 +249,11 @@ def main() -> int:
             print(f"{r[0]:<{width}}  {r[1]:>24}  {r[2]}")
         return 0
     finally:
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
+        if args.keep and not args.src:
+            shutil.rmtree(dst_dir, ignore_errors=True)
+            print(f"kept {src_dir}")
         else:
-            print(f"kept {base}")
+            shutil.rmtree(base, ignore_errors=True)  # with --src: only the output is in it
 
 
 if __name__ == "__main__":
