@@ -25,7 +25,6 @@ CHUNK = 32 << 20
 SYNC_EVERY = 512 << 20
 STAGE = 8 << 20  # the direct-write staging buffer
 DIRECT_WRITES = True  # tests turn it off to run the plain path
-HASH_SPAN = 512 << 10  # a compute thread hashes and quantizes this many source bytes at a time (fits L2)
 IN_SLOTS = 6  # read buffers, recycled: fresh allocations would fault in (and zero) every page
 OUT_SLOTS = 6  # output buffers (a quarter of a read buffer each), taken in stream order
 _END = object()
@@ -237,10 +236,10 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
 
     Threads: this one reads (only I/O: the disk never waits for the CPU work) and hands each item
     to the writer, in file order, and each routed-expert tensor to one of `compute_threads()`
-    compute threads, which hash it (blake3 of the source bytes) and quantize it, chunk by chunk while
-    the chunk is in cache, without the GIL; the writer hashes copied tensors and the output and
-    writes, in order. Buffers come from fixed pools and are taken in stream order (an item gets its
-    output buffer when it is read), so no stage can hold what an earlier item waits for."""
+    compute threads, which hash it (blake3 of the source bytes) and quantize it, both without the
+    GIL; the writer hashes copied tensors and the output and writes, in order. Buffers come from
+    fixed pools and are taken in stream order (an item gets its output buffer when it is read), so
+    no stage can hold what an earlier item waits for."""
     tensors = src.unit_tensors(unit)
     specs = out_specs(tensors)
     header = st.build_header(specs)
@@ -282,12 +281,10 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
                     n_q = rows * (k // 2)
                     q2 = item.out[:n_q].reshape(rows, k // 2)
                     s2 = item.out[n_q:n_q + rows * (k // mxfp4.BLOCK)].reshape(rows, k // mxfp4.BLOCK)
-                    h = blake3.blake3()
-                    step = max(1, HASH_SPAN // (2 * k))
-                    for r in range(0, rows, step):  # hash a chunk, then quantize it while it is in cache
-                        h.update(data[r * 2 * k:min(r + step, rows) * 2 * k])
-                        mxfp4.quantize_rows(x2, mode, q2, s2, r, min(r + step, rows))
-                    item.digest = h.hexdigest()
+                    # the whole tensor in one call each: hashing and quantizing it in cache-sized
+                    # chunks cost more CPU time here (more calls, more GIL hand-overs), not less
+                    item.digest = blake3.blake3(data).hexdigest()
+                    mxfp4.quantize_rows(x2, mode, q2, s2, 0, rows)
                     item.data = item.out[:n_q + rows * (k // mxfp4.BLOCK)]
             except mxfp4.NonFiniteError as exc:
                 item.error = InputError(f"{src.headers[item.tensor.shard].path}: tensor {item.tensor.name} has a "

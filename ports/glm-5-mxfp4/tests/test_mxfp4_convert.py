@@ -139,8 +139,8 @@ PIPELINE_VARIANTS = {
     # a file system without O_DIRECT (tmpfs): plain writes, fdatasync-ed every few bytes
     "plain writes": {"DIRECT_WRITES": False, "SYNC_EVERY": 5000},
     # O_DIRECT through a 3-block staging buffer (many flushes with a partial block carried over),
-    # a few rows hashed and quantized at a time, more compute threads than tensors in flight
-    "small stage, fine chunks": {"STAGE": 3 * 4096, "HASH_SPAN": 1, "IN_SLOTS": 3, "OUT_SLOTS": 2, "threads": 3},
+    # more compute threads than buffers in flight
+    "small stage, few buffers": {"STAGE": 3 * 4096, "IN_SLOTS": 3, "OUT_SLOTS": 2, "threads": 3},
     "one compute thread": {"threads": 1, "CHUNK": 4096},
 }
 
