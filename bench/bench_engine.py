@@ -3,11 +3,12 @@
     .venv/bin/python bench/bench_engine.py [--repeat 5]
 
 cold apply  : `python apply_all.py --profile v0.26.0 --root T` on a fresh pristine tree
-              (each fix's process under Landlock where the kernel has it, and the driver's
-              snapshot of the trees before and after it)
-cold, no LL : the same with FIXPACK_SANDBOX=hook: Landlock forced off, so the driver also keeps
-              the bytes of every file of the trees to undo what a fix might change
-snapshot    : one scan of the package folders and the state folder (the driver makes two per fix)
+              (each fix's process sealed by the kernel where it can be: Landlock and the
+              seccomp metadata filter; the driver then compares the trees once per run)
+cold, no LL : the same with FIXPACK_SANDBOX=hook: no kernel walls, so the driver keeps the
+              bytes of every file of the trees and compares them after every fix
+snapshot    : one scan of the package folders and the state folder (sealed: two per run;
+              otherwise one before the first fix and one after each)
 warm re-run : the same command again (already applied: hashing only)
 verify      : `fixpack verify --profile v0.26.0 --root T`
 Goals: warm re-run and verify <= 3x start-up; cold apply <= 2 x (number of fixes) x start-up.
@@ -70,12 +71,17 @@ def main() -> None:
         kernel = f"Landlock ABI {abi_version()}"
     except Unavailable as exc:
         kernel = f"no Landlock ({exc})"
+    walls = ""
     per_fix: dict[str, list[float]] = {}
     for _ in range(a.repeat):
         with tempfile.TemporaryDirectory() as tmp:
             tree = sources.materialise(profile.base["sources"], Path(tmp) / "tree")
             startup.append(timed([py, "-c", "pass"]))
             cold.append(timed([py, str(REPO / "apply_all.py"), "--profile", a.profile, "--root", str(tree)], env, per_fix))
+            if not walls:
+                from fixpack.engine import protection_text
+
+                walls = protection_text(json.loads((tree / ".fixpack" / "state.json").read_text())["protection"])
             warm.append(timed([py, str(REPO / "apply_all.py"), "--profile", a.profile, "--root", str(tree)], env))
             verify.append(timed([str(Path(py).parent / "fixpack"), "verify", "--profile", a.profile, "--root", str(tree)], env))
             roots = [tree / p for p in profile.packages] + [tree / ".fixpack"]
@@ -95,9 +101,9 @@ def main() -> None:
         ("verify", statistics.median(verify), statistics.median(verify) / s, "<= 3x"),
     ]
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "unknown CPU")
-    print(f"median of {a.repeat} runs, real v0.26.0 targets, {os.cpu_count()} CPUs ({cpu}), load {os.getloadavg()[0]:.1f}; fix processes: {kernel}")
-    print(f"| what | seconds | x start-up | goal | met |")
-    print(f"|---|---|---|---|---|")
+    print(f"median of {a.repeat} runs, real v0.26.0 targets, {os.cpu_count()} CPUs ({cpu}), load {os.getloadavg()[0]:.1f}; kernel: {kernel}; cold apply's fix processes: {walls}")
+    print("| what | seconds | x start-up | goal | met |")
+    print("|---|---|---|---|---|")
     for name, sec, ratio, goal in rows:
         met = "" if not goal else ("yes" if ratio <= float(goal.strip("<= x")) else "no")
         print(f"| {name} | {sec:.3f} | {ratio:.1f} | {goal} | {met} |")

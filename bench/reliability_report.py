@@ -188,7 +188,7 @@ def main() -> int:
     if "hostile" in figures:
         h = figures["hostile"]
         rows.append(("hostile and malformed input", f"{h['tried']} cases", f"{h['refused']} refused as expected", f"{len(h['failed'])} failed"))
-    for mode, what in (("landlock", "a fix's process writing outside its targets by libc: Landlock on"), ("hook", "the same with Landlock forced off (audit hook + snapshot)")):
+    for mode, what in (("landlock", "a fix's process writing outside its targets or its metadata by libc: Landlock + seccomp on"), ("hook", "the same with both forced off (audit hook + snapshot)")):
         if f"sandbox-{mode}" in figures:
             x = figures[f"sandbox-{mode}"]
             rows.append((what, f"{x['tried']} escapes", f"{x['ok']} {x['label']}, tree unchanged", f"{len(x['failed'])} failed"))

@@ -27,7 +27,7 @@ from fixpack.paths import resolve_inside
 from fixpack.store import Store, atomic_write, crashpoint, drop_bytecode, fs_error
 from fixpack.verify import Lines
 from fixpack.watch import TreeWatch
-from fixpack.worker import SANDBOX_MODES
+from fixpack.worker import SANDBOX_MODES, sealed
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -74,6 +74,7 @@ class Engine:
             raise ConfigError(f"FIXPACK_SANDBOX={self.sandbox}: expected one of {', '.join(SANDBOX_MODES)}")
         self.protection: dict | None = None  # what confined the fix processes of this run
         self._watch: TreeWatch | None = None
+        self._unchecked: list[str] = []  # fixes run sealed, compared at the end of the run
         self.pinned: dict | None = None
         if self.lock is not None:
             self.pinned = self.lock.selection(self.key)
@@ -148,7 +149,7 @@ class Engine:
             "tool_version": __version__,
             "packages": {k: str(v) for k, v in self.found.items()},
             "base": {"profile_sources": self.profile.base.get("sources", {}), "found": self._identity()},
-            **({"protection": dict(self.protection, detection="snapshot")} if self.protection else {}),
+            **({"protection": dict(self.protection, detection="snapshot per run" if sealed(self.protection) else "snapshot per fix")} if self.protection else {}),
         }
 
     def _identity(self) -> dict:
@@ -337,8 +338,14 @@ class Engine:
             self._check_outside(fix, watch, stage)
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: {exc}; nothing was written") from None
-        self._check_outside(fix, watch, stage)
-        self._note_protection(proc)
+        got = self._protection_of(proc)
+        if sealed(got):
+            # The kernel kept this process from changing anything outside its stage; the trees
+            # are compared once, at the end of the run, not after every such fix.
+            self._unchecked.append(fix.id)
+        else:
+            self._check_outside(fix, watch, stage)
+        self._note_protection(got)
         if proc["timed_out"]:
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: its process did not finish within {self.timeout:.0f} s; nothing was written") from None
@@ -386,19 +393,45 @@ class Engine:
             self._watch = TreeWatch(roots, skip={str(self.store.dir / "staging")}, keep_bytes=not kernel)
         return self._watch
 
-    def _note_protection(self, proc: dict) -> None:
+    @staticmethod
+    def _protection_of(proc: dict) -> dict | None:
+        """What confined the fix's process, from the first line it printed (written before the
+        fix was loaded, so the fix cannot have forged it); None when it printed none."""
         lines = proc.get("stdout", "").strip().splitlines()
         try:
-            got = json.loads(lines[-1]).get("protection") if lines else None
+            got = json.loads(lines[0]).get("protection") if lines else None
         except (ValueError, AttributeError):
             got = None
-        if not isinstance(got, dict):
+        return got if isinstance(got, dict) else None
+
+    def _note_protection(self, got: dict | None) -> None:
+        if got is None:
             return
         if got.get("sandbox") != "landlock" and self._watch is not None and not self._watch.keep_bytes:
             self.report.say(f"warning: Landlock could not confine the fix process ({got.get('reason')}); the audit hook and the snapshot check remain")
             self._watch.start_keeping_bytes()
         if self.protection is None:
             self.protection = got
+
+    def check_run(self) -> None:
+        """The one comparison for the fixes whose processes the kernel sealed: nothing of theirs
+        can show here, so a change found is another process's, made while this run went on."""
+        ran, self._unchecked = self._unchecked, []
+        if not ran or self._watch is None:
+            return
+        changed = self._watch.changes()
+        if not changed:
+            return
+        self._watch.restore(changed)
+        self._watch.take()
+        lines = [f"  {c.path}: {c.what}{' (' + c.fields + ')' if c.fields else ''}; {'restored' if c.restored else 'NOT restored'} ({c.how})" for c in changed]
+        raise EnvironmentFault(
+            f"{changed[0].path} changed outside the fixes' targets while this run applied {', '.join(ran)}"
+            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "") + ":\n" + "\n".join(lines)
+            + "\nno fix's process can have made it (each was sealed by the kernel: Landlock and the seccomp filter); "
+            "another process changed the tree during the run. The fixes themselves were applied as pinned: "
+            "run `fixpack verify`, and find what else writes to these packages"
+        )
 
     def _check_outside(self, fix: Fix, watch: TreeWatch, stage: Path) -> None:
         """A fix's process may have changed nothing but its staging folder. Anything else is put
@@ -488,6 +521,7 @@ class Engine:
             pinned_steps = {s["fix"]: s["files"] for s in self.pinned["steps"]} if self.pinned else {}
             for fix in self.fixes[common:]:
                 steps = self.apply_one(fix, steps, pinned_steps.get(fix.id))
+            self.check_run()
             if self.pinned is None or self.lock is None or state is None or state.get("__corrupt__"):
                 # record mode, or a state record worked out from the file hashes: write it so verify agrees
                 self.store.write_state(dict(self._base_state(), steps=steps))
@@ -548,8 +582,11 @@ class Engine:
 
 
 def protection_text(p: dict) -> str:
+    if sealed(p):
+        return f"landlock ABI {p.get('abi')} + seccomp + audit hook + snapshot per run"
     if p.get("sandbox") == "landlock":
-        return f"landlock ABI {p.get('abi')} + audit hook + snapshot"
+        why = f"; no seccomp filter: {p['seccomp_reason']}" if p.get("seccomp_reason") else ""
+        return f"landlock ABI {p.get('abi')} + audit hook + snapshot per fix{why}"
     return f"audit hook + snapshot (no Landlock: {p.get('reason', 'unknown')})"
 
 

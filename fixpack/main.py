@@ -9,7 +9,7 @@ import sys
 from fixpack import __version__
 from fixpack.errors import FixpackError
 
-COMMANDS = ["list", "show", "apply", "verify", "revert", "validate", "sources", "manifest", "lock", "check", "rebase_report", "refresh", "recipe"]
+COMMANDS = ["list", "show", "apply", "verify", "revert", "validate", "sources", "manifest", "lock", "check", "rebase_report", "refresh", "recipe", "edit", "commit"]
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -67,7 +67,7 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Line
     result["protection"] = state.get("protection")
     prot = state.get("protection") or {}
     if prot:
-        kernel = f"Landlock ABI {prot.get('abi')} (kernel)" if prot.get("sandbox") == "landlock" else f"no Landlock ({prot.get('reason')})"
+        kernel = f"Landlock ABI {prot.get('abi')}" + (" and seccomp (kernel)" if prot.get("seccomp") else " (kernel)") if prot.get("sandbox") == "landlock" else f"no Landlock ({prot.get('reason')})"
         report.say(f"  fix processes confined by: {kernel}, audit hook, {prot.get('detection', 'snapshot')} check")
     final: dict[str, str] = {}
     for s in state.get("steps", []):

@@ -4,11 +4,13 @@
 The job names the fix folder, its kind, and for each declared target the file to read and
 the staging file to write. The worker never writes anywhere else. Two guards, in this order:
 the kernel (Landlock, fixpack.landlock: writes only beneath the staging folder, no program
-started), where the kernel has it; then an audit hook that refuses the same in Python, so
-that a mistake gets a clear message. The hook alone can be bypassed (ctypes, for one); that
-is why the driver also compares a snapshot of the trees after the process ends
-(fixpack.watch). The driver checks the staged bytes against the pins and commits them;
-nothing here touches a target.
+started; and a seccomp filter, fixpack.seccomp: no change of mode, owner, times or xattrs),
+where the kernel has them; then an audit hook that refuses the same in Python, so that a
+mistake gets a clear message. The hook alone can be bypassed (ctypes, for one); that is why,
+unless the kernel sealed the process, the driver also compares a snapshot of the trees after
+the process ends (fixpack.watch). The first line the process prints says which walls stand,
+before any code of the fix runs. The driver checks the staged bytes against the pins and
+commits them; nothing here touches a target.
 """
 
 from __future__ import annotations
@@ -33,11 +35,28 @@ def confine(stage_dir: str, mode: str) -> dict:
     from fixpack.landlock import confine as landlock_confine
 
     try:
-        return {"sandbox": "landlock", "abi": landlock_confine(stage_dir)}
+        got: dict = {"sandbox": "landlock", "abi": landlock_confine(stage_dir)}
     except Unavailable as exc:
         if mode == "landlock":
             raise PermissionError(f"FIXPACK_SANDBOX=landlock, but Landlock cannot confine this process: {exc}") from None
         return {"sandbox": "audit-hook", "reason": str(exc)}
+    # Landlock leaves metadata (mode, owner, times, xattrs) free; the seccomp filter takes it.
+    from fixpack.seccomp import Unavailable as NoSeccomp
+    from fixpack.seccomp import deny_metadata_changes
+
+    try:
+        deny_metadata_changes()
+        got["seccomp"] = True
+    except NoSeccomp as exc:
+        got.update(seccomp=False, seccomp_reason=str(exc))
+    return got
+
+
+def sealed(protection: dict | None) -> bool:
+    """The kernel alone keeps the process from changing anything outside its stage: Landlock
+    with truncate governed (ABI 3) and the metadata filter both in force."""
+    p = protection or {}
+    return p.get("sandbox") == "landlock" and int(p.get("abi") or 0) >= 3 and p.get("seccomp") is True
 
 
 def _guard_writes(allowed_dir: str) -> None:
@@ -155,8 +174,12 @@ def execute(job: dict) -> int:
     try:
         protection = confine(job["stage_dir"], job.get("sandbox", "auto"))
     except PermissionError as exc:
+        print(json.dumps({"protection": {"sandbox": "none"}}))
         print(json.dumps({"error": f"{exc}", "protection": {"sandbox": "none"}}))
         return 1
+    # The first line of output, written before the fix is even loaded: the driver reads what
+    # confined this process from it, and no code of the fix can write ahead of it.
+    print(json.dumps({"protection": protection}), flush=True)
     _guard_writes(job["stage_dir"])
     try:
         result = run(job)
@@ -165,7 +188,8 @@ def execute(job: dict) -> int:
         if isinstance(exc, OSError) and exc.errno:
             report["errno"] = exc.errno  # a full or read-only disk is the environment's fault, not the fix's
             if protection["sandbox"] == "landlock" and exc.errno in (errno.EACCES, errno.EPERM, errno.EXDEV):
-                report["error"] = f"refused by the kernel (Landlock ABI {protection['abi']}): {report['error']}"
+                walls = f"Landlock ABI {protection['abi']}" + (" + seccomp" if protection.get("seccomp") else "")
+                report["error"] = f"refused by the kernel ({walls}): {report['error']}"
         print(json.dumps(report))
         return 1
     result["protection"] = protection

@@ -1,9 +1,10 @@
 """A fix's process trying to change what it did not declare, by ways a Python audit hook cannot see.
 
 Each case is a codemod that calls libc through ctypes (no audit event names the path) to write
-a file of the tree outside its targets, or to start a program. Run twice:
+a file of the tree outside its targets, change its metadata, or start a program. Run twice:
 
-  landlock   the kernel refuses the call: the fix fails with the errno, nothing changed
+  landlock   the kernel refuses the call (Landlock, or the seccomp filter for metadata): the fix
+             fails with the errno, nothing changed
   hook       Landlock forced off (FIXPACK_SANDBOX=hook): the call succeeds, and the driver's
              snapshot check finds the change, undoes it and fails the fix naming the file
 
@@ -63,9 +64,16 @@ ESCAPES = [
            "if libc.truncate(T + b'/pkg_a/mod.py', ctypes.c_long(0)) != 0: fail('truncate')", "pkg_a/mod.py"),
     Escape("exec-program", "replace its process by a shell that writes a tree file",
            "sh = b'/bin/sh'\nargv = (ctypes.c_char_p * 4)(sh, b'-c', b'echo pwned >> ' + T + b'/pkg_a/__init__.py', None)\nlibc.execv(sh, argv)\nfail('execv')", "pkg_a/__init__.py"),
+    # Landlock does not govern metadata; the seccomp filter refuses these
+    Escape("chmod-undeclared", "make a file it does not declare world-writable",
+           "if libc.chmod(T + b'/pkg_a/mod.py', 0o777) != 0: fail('chmod')", "pkg_a/mod.py"),
+    Escape("chown-undeclared", "give a file it does not declare to another user",
+           "if libc.chown(T + b'/pkg_a/mod.py', 1, 1) != 0: fail('chown')", "pkg_a/mod.py"),
+    Escape("utimes-undeclared", "move the modification time of a file it does not declare",
+           "if libc.utimes(T + b'/pkg_a/mod.py', None) != 0: fail('utimes')", "pkg_a/mod.py"),
 ]
 
-KERNEL_MSG = r"refused by the kernel \(Landlock ABI \d+\): (PermissionError|OSError): \[Errno (13|18|1)\]"
+KERNEL_MSG = r"refused by the kernel \(Landlock ABI \d+( \+ seccomp)?\): (PermissionError|OSError): \[Errno (13|18|1)\]"
 DETECT_MSG = r"fix fix-two changed \S*{file} outside its targets.*every change it made was undone"
 
 

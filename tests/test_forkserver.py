@@ -51,7 +51,8 @@ def test_jobs_run_in_children_of_one_server(server, tmp_path):
     # each job is its own process: its pid is neither the server's nor the previous job's
     a = server.run(job(tmp_path, "b", "print(os.getpid(), os.getppid()); return replace_once(node, 'return 1', 'return 3')"), timeout=60)
     b = server.run(job(tmp_path, "c", "print(os.getpid(), os.getppid()); return replace_once(node, 'return 1', 'return 4')"), timeout=60)
-    (pa, ppa), (pb, ppb) = (tuple(map(int, r["stdout"].split()[:2])) for r in (a, b))
+    # the first line is the worker's own word on its confinement; the fix's print follows it
+    (pa, ppa), (pb, ppb) = (tuple(map(int, r["stdout"].splitlines()[1].split()[:2])) for r in (a, b))
     assert ppa == ppb == pid and len({pa, pb, pid}) == 3
     assert server.proc.pid == pid  # one server for all of them
 
@@ -110,3 +111,16 @@ def test_the_server_imports_no_target_package_and_pinned_runs_no_libcst(tmp_path
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["rc"] == 0
     assert r.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_what_confined_a_child_is_its_first_line_and_a_fix_cannot_forge_it(server, tmp_path):
+    from fixpack.engine import Engine
+
+    forged = json.dumps({"protection": {"sandbox": "landlock", "abi": 7, "seccomp": True}})
+    body = f"print({forged!r}, flush=True); return replace_once(node, 'return 1', 'return 2')"
+    r = server.run(dict(job(tmp_path, "forge", body), sandbox="hook"), timeout=60)
+    assert r["rc"] == 0, r
+    lines = r["stdout"].splitlines()
+    assert json.loads(lines[1]) == json.loads(forged)  # the fix did print its claim ...
+    got = Engine._protection_of(r)  # ... but the driver reads the line written before the fix loaded
+    assert got == {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}

@@ -47,14 +47,19 @@ def test_state_record_and_verify_say_landlock_was_in_force(tmp_path):
     r, verify, state = _apply(tmp_path, "auto")
     assert "Landlock is not available" not in r.stdout + r.stderr
     assert state["protection"]["sandbox"] == "landlock" and state["protection"]["abi"] >= 1
-    assert state["protection"]["detection"] == "snapshot"
+    if state["protection"].get("seccomp"):
+        # sealed by the kernel: the trees are compared once per run, not after each fix
+        assert state["protection"]["detection"] == "snapshot per run"
+        assert all(f["sandbox"].startswith("landlock ABI") and "seccomp" in f["sandbox"] for f in verify["fixes"])
+    else:
+        assert state["protection"]["detection"] == "snapshot per fix"
     assert verify["protection"] == state["protection"]
     assert all(f["sandbox"].startswith("landlock ABI") for f in verify["fixes"])
 
 
 def test_forced_off_is_said_and_recorded(tmp_path):
     r, verify, state = _apply(tmp_path, "hook")
-    assert state["protection"] == {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)", "detection": "snapshot"}
+    assert state["protection"] == {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)", "detection": "snapshot per fix"}
     assert verify["protection"]["sandbox"] == "audit-hook"
     assert all(f["sandbox"].startswith("audit hook + snapshot") for f in verify["fixes"])
 
@@ -118,3 +123,47 @@ def test_bad_sandbox_value_is_a_configuration_error(tmp_path):
     root, tree = L.copy_pack("basic", tmp_path)
     r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, env={"FIXPACK_SANDBOX": "off"})
     assert r.returncode == 2 and "FIXPACK_SANDBOX=off: expected one of auto, landlock, hook" in r.stdout + r.stderr
+
+
+def test_sealed_fix_processes_are_compared_once_per_run(tmp_path, monkeypatch, capsys):
+    """Landlock + the seccomp filter: no per-fix scan of the trees, one comparison at the end."""
+    if NO_LANDLOCK:
+        pytest.skip(f"this kernel cannot confine a process: {NO_LANDLOCK}")
+    import fixpack.watch as W
+    from fixpack.main import main
+
+    root, tree = L.copy_pack("basic", tmp_path)
+    scans = []
+    real = W.scan
+    monkeypatch.setattr(W, "scan", lambda roots, skip: scans.append(len(roots)) or real(roots, skip))
+    monkeypatch.setenv("FIXPACK_SANDBOX", "auto")
+    assert main(["apply", "--profile", "test", "--root", str(tree), "--pack", str(root)]) == 0
+    state = json.loads((tree / ".fixpack" / "state.json").read_text())
+    assert state["protection"]["seccomp"] is True and state["protection"]["detection"] == "snapshot per run"
+    # whole-tree scans: the one before the first fix and the one after the last (the driver's
+    # own commits re-scan only the folders they wrote, each with one root per folder)
+    whole = [n for n in scans if n == 3]  # pkg_a, pkg_b and the state folder
+    assert len(whole) == 2, scans
+
+    scans.clear()
+    monkeypatch.setenv("FIXPACK_SANDBOX", "hook")
+    root2, tree2 = L.copy_pack("basic", tmp_path / "hook")
+    assert main(["apply", "--profile", "test", "--root", str(tree2), "--pack", str(root2)]) == 0
+    assert len([n for n in scans if n == 3]) == 3, scans  # before, then after each of the two fixes
+
+
+def test_a_change_by_another_process_during_a_sealed_run_is_found_at_its_end(tmp_path):
+    if NO_LANDLOCK:
+        pytest.skip(f"this kernel cannot confine a process: {NO_LANDLOCK}")
+    root, tree = L.copy_pack("basic", tmp_path)
+    victim = tree / "pkg_b" / "x.py"  # no fix of the default selection touches pkg_b
+    r = B.fault_fixpack("apply", "--profile", "test", "--root", str(tree), pack=root,
+                        faults={"FAULT_AT_LABEL": "state written for apply fix-one", "FAULT_ACTION": f"edit:{victim}",
+                                "FIXPACK_SANDBOX": "auto"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 6, out
+    assert f"{victim} changed outside the fixes' targets while this run applied fix-one, fix-two" in out
+    assert "no fix's process can have made it" in out and "NOT restored" in out
+    # the fixes themselves are applied as pinned, and verify says so
+    v = B.fixpack("verify", "--profile", "test", "--root", str(tree), "--json", pack=root)
+    assert [f["status"] for f in json.loads(v.stdout)["fixes"]] == ["applied", "applied"], v.stdout

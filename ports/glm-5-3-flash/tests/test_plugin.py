@@ -95,6 +95,79 @@ def test_registered_class_is_hybrid_with_inner_state():
     assert C.is_hybrid is True
 
 
+@needs_vllm
+def test_registered_class_is_multimodal_with_the_port_processor():
+    """Images: SupportsMultiModal, the port's processor registered with MULTIMODAL_REGISTRY, and
+    vLLM's own embed_input_ids (the merge at placeholder positions) not overridden."""
+    from glm5_next_hpu.vllm import multimodal as mm
+    from glm5_next_hpu.vllm.model import Glm5NextForConditionalGeneration as C
+    from vllm.model_executor.models.interfaces import SupportsMultiModal, supports_multimodal
+
+    assert supports_multimodal(C)
+    factories = C._processor_factory
+    assert factories.info is mm.Glm5NextProcessingInfo
+    assert factories.processor is mm.Glm5NextMultiModalProcessor
+    assert factories.dummy_inputs is mm.Glm5NextDummyInputsBuilder
+    assert C.embed_input_ids is SupportsMultiModal.embed_input_ids
+    assert C.get_placeholder_str("image", 1) == "<|begin_of_image|><|image|><|end_of_image|>"
+    with pytest.raises(ValueError, match="video input is not supported"):
+        C.get_placeholder_str("video", 1)
+
+
+@pytest.mark.parametrize("cap", [1, 16, 61, 2048, 8000])
+def test_profiling_image_reaches_the_cap_exactly(cap):
+    """The dummy image (rows x cols merged tokens of 28 px) is what the checkpoint's processor
+    turns into exactly `cap` tokens, so vLLM profiles the largest image it will accept."""
+    pytest.importorskip("vllm")
+    from transformers.models.glm5_next.image_processing_glm5_next import Glm5NextImageProcessor
+
+    from glm5_next_hpu.vllm.multimodal import near_square_grid
+
+    rows, cols = near_square_grid(cap)
+    assert rows * cols == cap and rows <= cols
+    proc = Glm5NextImageProcessor()
+    patches = proc.get_number_of_image_patches(rows * 28, cols * 28, {"max_image_tokens": cap})
+    assert patches // 4 == cap
+
+
+def _vision_config():
+    import reference_harness as rh
+
+    return rh.tiny_config().vision_config
+
+
+@needs_vllm
+@pytest.mark.parametrize("kwargs, message", [
+    ({"patch_size": 7}, "patch_size=7: the vision tower takes patch_size 14"),
+    ({"merge_size": 1}, "merge_size=1: the vision tower takes spatial_merge_size 2"),
+    ({"temporal_patch_size": 1}, "temporal_patch_size=1"),
+    ({"patch_expand_factor": 2}, "patch_expand_factor=2: only 1 is served"),
+])
+def test_processor_kwargs_that_change_the_patch_geometry_are_refused(kwargs, message):
+    from glm5_next_hpu.vllm.multimodal import ImageInputError, check_geometry_kwargs
+
+    vc = _vision_config()
+    check_geometry_kwargs({"patch_size": 14, "merge_size": 2, "max_image_tokens": 5}, vc)  # the config's own values pass
+    with pytest.raises(ImageInputError, match=message):
+        check_geometry_kwargs(kwargs, vc)
+
+
+@needs_vllm
+def test_processed_images_are_checked_against_the_tower_and_the_cap():
+    import torch
+
+    from glm5_next_hpu.vllm.multimodal import ImageInputError, check_processed_images
+
+    vc = _vision_config()
+    check_processed_images(torch.zeros(80, 1176), [[1, 8, 10]], vc, cap=20)  # 20 tokens at a cap of 20
+    with pytest.raises(ImageInputError, match="image 1 would add 24 tokens, above the cap of 20"):
+        check_processed_images(torch.zeros(176, 1176), [[1, 8, 10], [1, 12, 8]], vc, cap=20)
+    with pytest.raises(ImageInputError, match="294 values, the vision tower takes 1176"):
+        check_processed_images(torch.zeros(80, 294), [[1, 8, 10]], vc, cap=20)
+    with pytest.raises(ImageInputError, match="9 x 10 patches does not divide"):
+        check_processed_images(torch.zeros(90, 1176), [[1, 9, 10]], vc, cap=100)
+
+
 # ----------------------------------------------------------------------------- switches
 
 

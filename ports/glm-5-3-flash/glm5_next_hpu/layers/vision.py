@@ -112,7 +112,7 @@ class VisionModel(nn.Module):
             order = lambda a: a.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()  # noqa: E731
             pos.append(torch.stack([order(hh), order(ww)], dim=-1).repeat(t, 1))
             cu.extend(cu[-1] + h * w * (i + 1) for i in range(t))
-        pos = torch.cat(pos)
+        pos = torch.cat(pos).to(self.inv_freq.device)  # built on the host; the tower may sit on a device
         freqs = pos[..., None].float() * self.inv_freq  # [L, 2, F]
         angles = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
         angles = torch.cat([angles, angles], dim=-1)

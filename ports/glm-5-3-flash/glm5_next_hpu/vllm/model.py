@@ -25,6 +25,10 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
   swiglu clamp on routed, shared and dense experts; mHC in the reference op order). The Sinkhorn
   switch: ``torch`` = the reference loop; ``kernel`` = the TPC op on HPU, and on CPU the same
   operation order emulated (``sinkhorn_tpc_order``).
+* **Images** (``multimodal.py``, kept apart from the text model): the class is
+  ``SupportsMultiModal`` and registers its processor with ``MULTIMODAL_REGISTRY``; the tower and
+  merger run in ``embed_multimodal`` and vLLM's own ``embed_input_ids`` merges the embeddings at
+  the placeholder positions. Video is refused; GLM5_NEXT_IMAGE_MAX_TOKENS resizes to fit.
 * ``is_hybrid`` / ``has_inner_state`` set: without ``is_hybrid`` vLLM allocates no mamba state
   and every KDA layer is silently skipped; the mamba-state classmethods describe the KDA state.
 """
@@ -50,6 +54,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     is_conv_state_dim_first,
 )
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 from vllm.utils.torch_utils import direct_register_custom_op
@@ -65,6 +70,12 @@ from ..layers.norm import RMSNorm
 from ..layers.vision import VisionModel
 from ..switches import read_switches
 from .loader import load_checkpoint
+from .multimodal import (
+    Glm5NextDummyInputsBuilder,
+    Glm5NextImageModelMixin,
+    Glm5NextMultiModalProcessor,
+    Glm5NextProcessingInfo,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -374,6 +385,9 @@ class Glm5NextTextModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         X = embeds.unsqueeze(0).unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1).contiguous()
         for layer in self.layers:
@@ -409,9 +423,12 @@ class _Container(nn.Module):
     pass
 
 
-class Glm5NextForConditionalGeneration(nn.Module, HasInnerState, IsHybrid):
-    """GLM-5.3-Flash text model for vLLM 0.26.0 (images: the vision tower is built and loaded with
-    GLM5_NEXT_VISION=1, but this CPU build registers no multimodal processor -- text prompts only)."""
+@MULTIMODAL_REGISTRY.register_processor(
+    Glm5NextMultiModalProcessor, info=Glm5NextProcessingInfo, dummy_inputs=Glm5NextDummyInputsBuilder
+)
+class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasInnerState, IsHybrid):
+    """GLM-5.3-Flash for vLLM 0.26.0: text and images (the image side, ``Glm5NextImageModelMixin``
+    and the registered processor, is in ``multimodal.py``; GLM5_NEXT_VISION=0 builds no tower)."""
 
     is_hybrid = True
     has_inner_state = True
@@ -438,10 +455,7 @@ class Glm5NextForConditionalGeneration(nn.Module, HasInnerState, IsHybrid):
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self.decode_layer_group = min(self.switches.decode_layer_group, text.num_hidden_layers)  # HPU lazy-mode grouping
 
-    # --- vLLM model interface
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.language_model.embed_tokens(input_ids)
-
+    # --- vLLM model interface (embed_input_ids: SupportsMultiModal's, which merges image embeddings)
     def forward(
         self,
         input_ids: torch.Tensor | None,

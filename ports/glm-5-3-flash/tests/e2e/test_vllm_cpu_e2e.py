@@ -47,6 +47,7 @@ def _engine_kwargs(path, **kw):
     base = dict(
         model=str(path), tokenizer=str(path), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
         max_model_len=256, max_num_seqs=4, max_num_batched_tokens=32, mamba_ssm_cache_dtype="float32", seed=0,
+        limit_mm_per_prompt={"image": 4},  # the recipe's limit
     )
     base.update(kw)
     return base
@@ -183,6 +184,9 @@ def test_bf16_logprobs_close_and_tokens_equal_up_to_first_near_tie(ckpt, referen
     assert engine.apply_model(lambda m: hasattr(m.model, "visual")) == [False]
     skipped = engine.apply_model(lambda m: list(m.load_report.skipped_keys))[0]
     assert skipped and all(key.startswith("model.visual.") for key in skipped)
+    with pytest.raises(ValueError, match="GLM5_NEXT_VISION=0"):  # no tower: images are refused, not dropped
+        engine.generate([TokensPrompt(prompt_token_ids=ck.image_prompt_ids(engine.llm_engine.model_config.hf_config, 1),
+                                      multi_modal_data={"image": ck.images_for(1)})], sp, use_tqdm=False)
     worst = 0.0
     for i, (p, o, want) in enumerate(zip(prompts, outs, reference_tokens)):
         with torch.no_grad():
@@ -229,3 +233,55 @@ def _chain(exc):
     while exc is not None:
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+# ----------------------------------------------------------------------------- images (vllm.LLM)
+# The engine above: switches at their defaults (vision on, GLM5_NEXT_IMAGE_MAX_TOKENS 2048) and
+# max_num_batched_tokens=32, so each image's tokens span prefill chunks. Prompts are token ids
+# with one <|image|> per image (as the chat template writes it); vLLM's prompt update (the
+# plugin's processor) expands each into the image's tokens.
+IMAGE_COUNTS = (1, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def image_reference(ckpt):
+    path, ref, cfg = ckpt
+    cases = []
+    for n in IMAGE_COUNTS:
+        ids, images = ck.image_prompt_ids(cfg, n, seed=n), ck.images_for(n, seed=10 * n)
+        full, tokens = ck.reference_greedy(ref, path, ids, images, NEW_TOKENS)
+        cases.append((ids, images, full, tokens))
+    return cases
+
+
+def test_image_prompts_greedy_tokens_equal_transformers(llm, image_reference):
+    from vllm import SamplingParams, TokensPrompt
+
+    sp = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=ids, multi_modal_data={"image": images}) for ids, images, _, _ in image_reference]
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    for n, out, (_, _, full, tokens) in zip(IMAGE_COUNTS, outs, image_reference):
+        assert list(out.prompt_token_ids) == full, f"{n} image(s): placeholder expansion differs"
+        assert list(out.outputs[0].token_ids) == tokens, f"{n} image(s)"
+
+
+def test_image_tokens_depend_on_the_pixels(ckpt, image_reference):
+    """The comparison above is sensitive to the image: other pixels, other reference tokens."""
+    path, ref, cfg = ckpt
+    ids, images, _, tokens = image_reference[0]
+    _, other = ck.reference_greedy(ref, path, ids, ck.images_for(1, seed=99), NEW_TOKENS)
+    assert other != tokens
+
+
+def test_fifth_image_and_video_are_refused(llm):
+    import numpy as np
+    from vllm import SamplingParams, TokensPrompt
+
+    sp = SamplingParams(temperature=0, max_tokens=2)
+    cfg = llm.llm_engine.model_config.hf_config
+    five = ck.image_prompt_ids(cfg, 5)
+    with pytest.raises(ValueError, match="At most 4 image"):
+        llm.generate([TokensPrompt(prompt_token_ids=five, multi_modal_data={"image": ck.images_for(5)})], sp, use_tqdm=False)
+    video = np.zeros((4, 56, 56, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match="text and images only; video input is not supported"):
+        llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7], multi_modal_data={"video": video})], sp, use_tqdm=False)
