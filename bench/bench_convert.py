@@ -1,6 +1,6 @@
 """glm-5-mxfp4 converter throughput against the cold read rate of the same source, in one run.
 
-    .venv/bin/python bench/bench_convert.py [--experts 256] [--dir TMPDIR] [--keep]
+    .venv/bin/python bench/bench_convert.py [--experts 256] [--dir TMPDIR] [--keep] [--src KEPT_SRC]
 
 Builds a synthetic glm_moe_dsa checkpoint holding one full-size MoE layer (by default 256 experts,
 gate/up [2048, 6144] and down [6144, 2048] in BF16, N(0, 0.02): 19.3 GB, in 5 GB shards) plus that
@@ -12,7 +12,8 @@ files (posix_fadvise DONTNEED after fsync):
   2. runs the converter on that layer as a worker process (`--layers 0:1`): its rate, measured from
      process start to exit, and its peak RSS.
 Prints the ratio (goal >= 0.6), GB/s, peak RSS against 2 x the largest tensor + 300 MB, the
-projected time for the 1.508 TB release, the scale modes' error, the CPU model and the load average.
+projected time for the 1.508 TB release, the kernel alone, what the output writer costs buffered and
+with O_DIRECT, the scale modes' error, the CPU model and the load average.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ sys.path.insert(0, PORT)
 
 import numpy as np  # noqa: E402
 from glm5_mxfp4 import mxfp4, st  # noqa: E402
+from glm5_mxfp4 import pipeline  # noqa: E402
 from glm5_mxfp4.pipeline import CHUNK, SourceReader, aligned_buffer  # noqa: E402
 from glm5_mxfp4.source import Source  # noqa: E402
 
@@ -157,33 +159,67 @@ def cold_read(src: Source, unit: str) -> tuple[int, float, bool]:
     return total, dt, direct
 
 
+def write_cost(folder: str, nbytes: int, direct: bool) -> tuple[float, float, bool]:
+    """The converter's output writer (pipeline.OutputFile) alone, `nbytes` in 6.7 MB pieces (one
+    expert's codes and scales), then fsync: wall seconds, CPU seconds of the writing thread (user +
+    sys), and whether O_DIRECT was used."""
+    import resource
+
+    piece = np.random.default_rng(1).integers(0, 256, 2048 * 3072 + 2048 * 192, dtype=np.uint8)
+    path = os.path.join(folder, f"write-{'direct' if direct else 'plain'}")
+    pipeline.DIRECT_WRITES = direct
+    try:
+        r0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
+        out = pipeline.OutputFile(path)
+        used = out.direct
+        try:
+            done = 0
+            while done < nbytes:
+                out.write(memoryview(piece))
+                done += len(piece)
+            out.finish()
+            os.fsync(out.fd)
+        finally:
+            out.close()
+        r1, t1 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
+    finally:
+        pipeline.DIRECT_WRITES = True
+        if os.path.exists(path):
+            os.unlink(path)
+    return t1 - t0, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), used
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--dir", default=None, help="where to write the synthetic checkpoint (default: the temp folder)")
-    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the synthetic checkpoint (its path is printed)")
+    ap.add_argument("--src", default=None,
+                    help="reuse a synthetic checkpoint kept by an earlier --keep run (its src folder; left in place)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-convert-", dir=args.dir)
-    need = args.experts * 3 * INTER * HIDDEN * 2 * 1.3 + 1e9
+    need = (0 if args.src else args.experts * 3 * INTER * HIDDEN * 2) * 1.3 + 1e9
     free = shutil.disk_usage(base).free
     if free < need:
         print(f"{base}: {free / 1e9:.1f} GB free, the benchmark needs {need / 1e9:.1f} GB", file=sys.stderr)
         shutil.rmtree(base)
         return 2
-    src_dir, dst_dir = os.path.join(base, "src"), os.path.join(base, "dst")
-    os.mkdir(src_dir)
+    src_dir, dst_dir = args.src or os.path.join(base, "src"), os.path.join(base, "dst")
     try:
         t0 = time.perf_counter()
-        build(src_dir, args.experts)
+        if not args.src:
+            os.mkdir(src_dir)
+            build(src_dir, args.experts)
         build_s = time.perf_counter() - t0
         src = Source(src_dir)
+        args.experts = sum(1 for n in src.tensors if n.endswith(".gate_proj.weight") and ".experts." in n)
         shards = [h.path for h in src.headers.values()]
         unit = "layer-0"
         largest = max(t.entry.nbytes for t in src.tensors.values())
         print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); load average before: "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(f"synthetic layer: {args.experts} experts, {src.unit_bytes(unit) / 1e9:.2f} GB in {len(shards)} shards "
-              f"(built in {build_s:.0f} s)")
+              + (f"(reused {src_dir})" if args.src else f"(built in {build_s:.0f} s)"))
         # 1. cold read
         drop_cache(shards)
         nbytes, read_s, direct = cold_read(src, unit)
@@ -223,6 +259,10 @@ def main() -> int:
         w0, c0 = time.perf_counter(), time.process_time()
         mxfp4.quantize(block, "even")
         kern_wall, kern_cpu = time.perf_counter() - w0, time.process_time() - c0
+        # what the output writes cost, buffered or O_DIRECT (1 GB, or the output size if smaller)
+        w_bytes = min(out_bytes, 10**9)
+        w_plain, c_plain, _ = write_cost(base, w_bytes, direct=False)
+        w_direct, c_direct, used_direct = write_cost(base, w_bytes, direct=True)
         goal_rss = 2 * largest + 300e6
         rows = [
             ("cold sequential read, converter's reader", f"{read_rate / 1e9:.2f} GB/s",
@@ -237,6 +277,10 @@ def main() -> int:
             ("projected 1.508 TB release at the measured rate, one machine", f"{RELEASE_BYTES / conv_rate / 60:.0f} min", ""),
             ("quantization kernel alone, in memory (wall; per CPU second)",
              f"{block.nbytes / kern_wall / 1e9:.2f} GB/s", f"{block.nbytes / kern_cpu / 1e9:.2f} GB/s per CPU second"),
+            (f"output writer alone, {w_bytes / 1e9:.2f} GB: buffered, fdatasync every 512 MB",
+             f"{c_plain / (w_bytes / 1e9):.2f} CPU s per GB", f"{w_bytes / w_plain / 1e9:.2f} GB/s"),
+            (f"output writer alone, {w_bytes / 1e9:.2f} GB: " + ("O_DIRECT" if used_direct else "O_DIRECT unavailable, plain"),
+             f"{c_direct / (w_bytes / 1e9):.2f} CPU s per GB", f"{w_bytes / w_direct / 1e9:.2f} GB/s"),
             ("relative error of dequant(quant(w)), N(0, 0.02) expert", f"floor {err['floor']:.4f}, even {err['even']:.4f}", ""),
             ("load average (1 min) before / after the converter run", f"{load_before:.2f} / {load_after:.2f}", f"{os.cpu_count()} cores"),
         ]
@@ -245,10 +289,11 @@ def main() -> int:
             print(f"{r[0]:<{width}}  {r[1]:>24}  {r[2]}")
         return 0
     finally:
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
+        if args.keep and not args.src:
+            shutil.rmtree(dst_dir, ignore_errors=True)
+            print(f"kept {src_dir}")
         else:
-            print(f"kept {base}")
+            shutil.rmtree(base, ignore_errors=True)  # with --src: only the output is in it
 
 
 if __name__ == "__main__":

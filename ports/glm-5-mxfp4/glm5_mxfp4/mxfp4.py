@@ -16,7 +16,7 @@ The scale comes from the exponent bits of amax, never from a cast to an e8m0 dty
 round (1.5 -> 2, 3 -> 4) and map 0 to NaN or code 0 depending on the library.
 
 Two implementations: `quantize` (a numba kernel on the bf16 bit patterns, integer arithmetic
-only) and `quantize_reference` (numpy float arithmetic, written from the rules above
+only; `quantize_rows` runs the same row code on the calling thread) and `quantize_reference` (numpy float arithmetic, written from the rules above
 without sharing code with the kernel). Tests hold both bit-exact to torchao.
 """
 
@@ -112,38 +112,55 @@ def _small_block(xr, qr, first, b, t):
         qr[b * 16 + j] = np.uint8(c0 | (c1 << 4))
 
 
+@numba.njit(inline="always", cache=True)
+def _row(xr, even, table, qr, sr):
+    """One row: its scales into `sr`, its packed codes into `qr`; True if it holds Inf or NaN."""
+    bad = False
+    nblocks = xr.shape[0] // 32
+    for b in range(nblocks):
+        first = b * 32
+        m = 0
+        for i in range(32):
+            m = max(m, np.int32(xr[first + i]) & 0x7FFF)
+        if m > 0x7F7F:  # exponent all ones: Inf or NaN
+            bad = True
+            sr[b] = 255
+            for j in range(16):
+                qr[b * 16 + j] = 0
+            continue
+        if even:
+            m = (m + 0x20) & 0x7F80
+        code = min(max(((m >> 7) & 0xFF) - 129, -127), 128) + 127
+        sr[b] = code
+        if code < FORMULA_MIN_CODE:
+            _small_block(xr, qr, first, b, table[code])
+            continue
+        for j in range(16):
+            v0 = np.int32(xr[first + 2 * j])
+            v1 = np.int32(xr[first + 2 * j + 1])
+            c0 = _magnitude_code(v0 & 0x7FFF, code) | ((v0 >> 12) & 8)
+            c1 = _magnitude_code(v1 & 0x7FFF, code) | ((v1 >> 12) & 8)
+            qr[b * 16 + j] = np.uint8(c0 | (c1 << 4))
+    return bad
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _kernel(x16, even, table, out_q, out_s, bad):
-    rows, k = x16.shape
-    nblocks = k // 32
-    for r in numba.prange(rows):
-        xr = x16[r]
-        qr = out_q[r]
-        sr = out_s[r]
-        for b in range(nblocks):
-            first = b * 32
-            m = 0
-            for i in range(32):
-                m = max(m, np.int32(xr[first + i]) & 0x7FFF)
-            if m > 0x7F7F:  # exponent all ones: Inf or NaN
-                bad[r] = 1
-                sr[b] = 255
-                for j in range(16):
-                    qr[b * 16 + j] = 0
-                continue
-            if even:
-                m = (m + 0x20) & 0x7F80
-            code = min(max(((m >> 7) & 0xFF) - 129, -127), 128) + 127
-            sr[b] = code
-            if code < FORMULA_MIN_CODE:
-                _small_block(xr, qr, first, b, table[code])
-                continue
-            for j in range(16):
-                v0 = np.int32(xr[first + 2 * j])
-                v1 = np.int32(xr[first + 2 * j + 1])
-                c0 = _magnitude_code(v0 & 0x7FFF, code) | ((v0 >> 12) & 8)
-                c1 = _magnitude_code(v1 & 0x7FFF, code) | ((v1 >> 12) & 8)
-                qr[b * 16 + j] = np.uint8(c0 | (c1 << 4))
+    """Every row, split over numba's threads (`quantize`)."""
+    for r in numba.prange(x16.shape[0]):
+        if _row(x16[r], even, table, out_q[r], out_s[r]):
+            bad[r] = 1
+
+
+@numba.njit(nogil=True, cache=True)
+def _kernel_serial(x16, even, table, out_q, out_s, first, stop):
+    """Rows first..stop-1 on the calling thread, without the GIL (the converter runs one such call
+    per worker thread, each on its own tensor). Returns the number of rows holding Inf or NaN."""
+    bad = 0
+    for r in range(first, stop):
+        if _row(x16[r], even, table, out_q[r], out_s[r]):
+            bad += 1
+    return bad
 
 
 def as_bf16_bits(x) -> np.ndarray:
@@ -195,6 +212,16 @@ def quantize(x, mode: str = "even", out_q: np.ndarray | None = None,
     if bad.any():
         raise _first_non_finite(x2, shape)
     return q.reshape(*shape[:-1], k // 2), s.reshape(*shape[:-1], k // BLOCK)
+
+
+def quantize_rows(x2: np.ndarray, mode: str, out_q: np.ndarray, out_s: np.ndarray, first: int, stop: int) -> None:
+    """Rows first..stop-1 of the 2-D uint16 array `x2` into the 2-D `out_q`, `out_s`, on this thread
+    (the GIL released): the same codes as `quantize`, which tests hold bit-exact. Raises
+    NonFiniteError with the first non-finite index of the whole of `x2`."""
+    if mode not in SCALE_MODES:
+        raise ValueError(f"scale mode must be one of {SCALE_MODES}, got {mode!r}")
+    if _kernel_serial(x2, mode == "even", _THRESHOLDS, out_q, out_s, first, stop):
+        raise _first_non_finite(x2, x2.shape)
 
 
 def _bf16_to_f32(x16: np.ndarray) -> np.ndarray:

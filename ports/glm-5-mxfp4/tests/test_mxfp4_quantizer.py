@@ -21,12 +21,23 @@ def torchao_quant(x: torch.Tensor, mode: str):
     return data.view(torch.uint8).numpy(), scale.view(torch.uint8).numpy()
 
 
+def quantize_rows_whole(x, mode):
+    """The converter's path: `quantize_rows` on the calling thread, a few rows per call."""
+    x2 = mxfp4.as_bf16_bits(x).reshape(-1, x.shape[-1])
+    rows, k = x2.shape
+    q = np.full((rows, k // 2), 0xAA, dtype=np.uint8)
+    s = np.full((rows, k // 32), 0xAA, dtype=np.uint8)
+    for first in range(0, rows, 3):
+        mxfp4.quantize_rows(x2, mode, q, s, first, min(first + 3, rows))
+    return q.reshape(*x.shape[:-1], k // 2), s.reshape(*x.shape[:-1], k // 32)
+
+
 @pytest.mark.parametrize("mode", mxfp4.SCALE_MODES)
 @pytest.mark.parametrize("case", list(BLOCKS))
 def test_bit_exact_with_torchao(case, mode):
     x = BLOCKS[case]
     want_q, want_s = torchao_quant(x, mode)
-    for impl in (mxfp4.quantize, mxfp4.quantize_reference):
+    for impl in (mxfp4.quantize, quantize_rows_whole, mxfp4.quantize_reference):
         q, s = impl(x, mode)
         assert s.dtype == np.uint8 and q.dtype == np.uint8
         np.testing.assert_array_equal(s, want_s, err_msg=f"{impl.__name__} scales, {case}, {mode}")
@@ -40,6 +51,9 @@ def test_bit_exact_with_torchao_on_weight_shapes(mode):
         x = (torch.randn(*shape, generator=g) * 0.02).bfloat16()
         q, s = mxfp4.quantize(x, mode)
         want_q, want_s = torchao_quant(x, mode)
+        np.testing.assert_array_equal(q, want_q)
+        np.testing.assert_array_equal(s, want_s)
+        q, s = quantize_rows_whole(x, mode)
         np.testing.assert_array_equal(q, want_q)
         np.testing.assert_array_equal(s, want_s)
         assert q.shape == (*shape[:-1], shape[-1] // 2) and s.shape == (*shape[:-1], shape[-1] // 32)
@@ -89,7 +103,7 @@ def test_non_finite_values_are_refused_with_their_first_index():
     x = torch.zeros(4, 64).bfloat16()
     x[2, 37] = float("nan")
     x[3, 1] = float("inf")
-    for impl in (mxfp4.quantize, mxfp4.quantize_reference):
+    for impl in (mxfp4.quantize, quantize_rows_whole, mxfp4.quantize_reference):
         with pytest.raises(mxfp4.NonFiniteError) as info:
             impl(x, "even")
         assert info.value.index == (2, 37)
