@@ -11,7 +11,7 @@ def _text(config: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def validate_config(config: Any, tp_size: int = 1, prefix_caching: bool = False) -> None:
+def validate_config(config: Any, tp_size: int = 1, prefix_caching: bool = False, expert_parallel: bool = False) -> None:
     """Raise :class:`UnsupportedConfigError` listing every problem; return None when servable.
 
     ``config`` is a transformers ``Glm5NextConfig`` or ``Glm5NextTextConfig``.
@@ -45,8 +45,12 @@ def validate_config(config: Any, tp_size: int = 1, prefix_caching: bool = False)
             ("intermediate_size", t.intermediate_size),
             ("moe_intermediate_size", t.moe_intermediate_size),
             ("index_n_heads", t.index_n_heads),
+            ("vocab_size", t.vocab_size),
         ):
             if value % tp_size:
                 problems.append(f"{name} ({value}) is not divisible by the tensor-parallel size {tp_size}")
+        # Expert parallelism places whole routed experts on each of the TP ranks.
+        if expert_parallel and t.n_routed_experts % tp_size:
+            problems.append(f"n_routed_experts ({t.n_routed_experts}) is not divisible by the expert-parallel size {tp_size}")
     if problems:
         raise UnsupportedConfigError("GLM-5.3-Flash port cannot serve this configuration:\n  - " + "\n  - ".join(problems))

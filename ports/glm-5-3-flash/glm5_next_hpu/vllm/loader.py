@@ -19,6 +19,9 @@ Sharding rules travel on the parameters (set by the model at construction):
 * ``glm5_shard_dim``: the dim split across tensor-parallel ranks (None = replicated).
 * ``glm5_fused``: {checkpoint suffix: (row offset, rows)} for a parameter fused from several
   checkpoint tensors (the HPU MLA path's fused q_a / kv_a projection).
+* ``glm5_experts``: (first global expert id, count, all experts) of a stacked expert parameter. With expert
+  parallelism a rank holds a slice of the experts; the other ranks' expert keys are reported in
+  ``other_rank_keys`` (loaded there), not loaded here and not counted as skipped.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class LoadReport:
     skipped_keys: list[str] = field(default_factory=list)
     loaded_params: set[str] = field(default_factory=set)
     elements: int = 0
+    other_rank_keys: list[str] = field(default_factory=list)  # experts placed on another EP rank
 
 
 def _region(dest: torch.Tensor, tensor: torch.Tensor, key: str, param, name: str, tp_rank: int, tp_size: int):
@@ -76,8 +80,10 @@ def expected_keys(param_name: str, param, num_experts: int | None = None) -> lis
     m = re.match(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<w>w13_weight|w2_weight)$", param_name)
     if m:
         projs = ("gate_proj", "up_proj") if m.group("w") == "w13_weight" else ("down_proj",)
-        n = param.shape[0] if num_experts is None else num_experts
-        return [f"{m.group('prefix')}.{e}.{p}.weight" for e in range(n) for p in projs]
+        start, n, _ = getattr(param, "glm5_experts", (0, param.shape[0], param.shape[0]))
+        if num_experts is not None:
+            start, n = 0, num_experts
+        return [f"{m.group('prefix')}.{e}.{p}.weight" for e in range(start, start + n) for p in projs]
     return [param_name]
 
 
@@ -127,9 +133,13 @@ def load_checkpoint(
             dest = dest.narrow(0, offset, rows)
         src = _region(dest, tensor, key, param, pname, tp_rank, tp_size)
         if target.expert is not None:
-            if target.expert >= dest.shape[0]:
+            start, count, total = getattr(param, "glm5_experts", (0, dest.shape[0], dest.shape[0]))
+            if 0 <= target.expert < total and not start <= target.expert < start + count:
+                report.other_rank_keys.append(key)  # expert parallel: another rank's whole expert
+                continue
+            if not 0 <= target.expert - start < dest.shape[0]:
                 raise CheckpointLoadError(f"{key}: expert {target.expert} beyond {pname} with {dest.shape[0]} experts")
-            dest = dest[target.expert]
+            dest = dest[target.expert - start]
             half = dest.shape[0] // 2
             if target.shard == "gate":
                 dest = dest[:half]

@@ -29,6 +29,14 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
   ``SupportsMultiModal`` and registers its processor with ``MULTIMODAL_REGISTRY``; the tower and
   merger run in ``embed_multimodal`` and vLLM's own ``embed_input_ids`` merges the embeddings at
   the placeholder positions. Video is refused; GLM5_NEXT_IMAGE_MAX_TOKENS resizes to fit.
+* **Tensor / expert parallelism** (``parallel.py``): vLLM's column/row-parallel arithmetic on
+  plain ``nn.Linear`` sized per rank, the all-reduce after each row-parallel block (KDA and MLA
+  o_proj, dense MLP down_proj, MoE routed + shared once), the vocabulary split with a masked
+  embedding lookup and all-gathered logits; KDA and MLA heads, the KDA conv weights, dt_bias,
+  A_log and the per-rank KDA state (``kda_state_shape`` with the TP size) split by head; routed
+  experts whole per rank with ``enable_expert_parallel``, else split on the intermediate dim.
+  Router, mHC, norms and the (skipped) indexer are replicated. The layers take no
+  ``quant_config``: the port's own nn.Linear, not vLLM's linear methods.
 * ``is_hybrid`` / ``has_inner_state`` set: without ``is_hybrid`` vLLM allocates no mamba state
   and every KDA layer is silently skipped; the mamba-state classmethods describe the KDA state.
 """
@@ -43,7 +51,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vllm.config import VllmConfig, get_current_vllm_config
-from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -65,7 +72,6 @@ from ..config import UnsupportedConfigError, validate_config
 from ..kda import causal_conv1d, chunk_kda, fused_recurrent_kda, gated_rms_norm, kda_gate
 from ..layers.mhc import add_mhc_parameters
 from ..layers.mla import Indexer
-from ..layers.moe import decoder_mlp
 from ..layers.norm import RMSNorm
 from ..layers.vision import VisionModel
 from ..switches import read_switches
@@ -76,6 +82,7 @@ from .multimodal import (
     Glm5NextMultiModalProcessor,
     Glm5NextProcessingInfo,
 )
+from .parallel import ColumnLinear, LMHead, Parallel, RowLinear, VocabEmbedding, decoder_mlp, divide, from_vllm
 
 logger = logging.getLogger(__name__)
 
@@ -128,41 +135,38 @@ class Glm5NextKDA(nn.Module, MambaBase):
     ``use_scan`` (the GLM5_NEXT_KDA_SCAN switch) is handed to ``chunk_kda``: True the
     Hillis-Steele carry, False the sequential one, None the kernel's device default."""
 
-    def __init__(self, config, vllm_config: VllmConfig, prefix: str, use_scan: bool | None = None):
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str, use_scan: bool | None = None,
+                 par: Parallel | None = None):
         super().__init__()
         self.prefix = prefix
         self.use_scan = use_scan
-        self.tp_size = get_tensor_model_parallel_world_size()
-        if self.tp_size != 1:
-            raise UnsupportedConfigError("the plugin's PyTorch KDA layer is written for TP 1 (one device per replica)")
-        D, H, K = config.hidden_size, config.linear_num_heads, config.linear_head_dim
+        par = par or Parallel()
+        self.tp_size = par.size
+        D, H_all, K = config.hidden_size, config.linear_num_heads, config.linear_head_dim
+        # vLLM's Kimi KDA split: heads over TP ranks (q/k/v/f_b/g_b/b column-parallel, the three
+        # conv weights, dt_bias and A_log by head, o_proj row-parallel); f_a/g_a and o_norm replicated.
+        H = divide(H_all, par.size, "linear_num_heads")
         self.num_heads, self.head_dim, self.conv_size = H, K, config.linear_conv_kernel_dim
+        self.total_heads = H_all
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
-        self.q_proj = nn.Linear(D, H * K, bias=False)
-        self.k_proj = nn.Linear(D, H * K, bias=False)
-        self.v_proj = nn.Linear(D, H * K, bias=False)
-        _shard(self.q_proj.weight, 0)
-        _shard(self.k_proj.weight, 0)
-        _shard(self.v_proj.weight, 0)
+        self.q_proj = ColumnLinear(D, H_all * K, par, "linear_num_heads * linear_head_dim")
+        self.k_proj = ColumnLinear(D, H_all * K, par, "linear_num_heads * linear_head_dim")
+        self.v_proj = ColumnLinear(D, H_all * K, par, "linear_num_heads * linear_head_dim")
         # vLLM Kimi layout: [H*K/tp, 1, W], fp32.
         self.q_conv1d = _Weight(torch.empty(H * K, 1, self.conv_size, dtype=torch.float32), 0)
         self.k_conv1d = _Weight(torch.empty(H * K, 1, self.conv_size, dtype=torch.float32), 0)
         self.v_conv1d = _Weight(torch.empty(H * K, 1, self.conv_size, dtype=torch.float32), 0)
         self.f_a_proj = nn.Linear(D, K, bias=False)
-        self.f_b_proj = nn.Linear(K, H * K, bias=False)
-        _shard(self.f_b_proj.weight, 0)
+        self.f_b_proj = ColumnLinear(K, H_all * K, par, "linear_num_heads * linear_head_dim")
         self.dt_bias = _shard(nn.Parameter(torch.empty(H * K, dtype=torch.float32), requires_grad=False), 0)
         # Flat [H] on disk; held as [1, 1, H/tp, 1] (vLLM's Kimi layout) -> reshape, then shard dim 2.
         self.A_log = _shard(nn.Parameter(torch.empty(1, 1, H, 1, dtype=torch.float32), requires_grad=False), 2, (1, 1, -1, 1))
-        self.b_proj = nn.Linear(D, H, bias=False)
-        _shard(self.b_proj.weight, 0)
+        self.b_proj = ColumnLinear(D, H_all, par, "linear_num_heads")
         self.g_a_proj = nn.Linear(D, K, bias=False)
-        self.g_b_proj = nn.Linear(K, H * K, bias=False)
-        _shard(self.g_b_proj.weight, 0)
+        self.g_b_proj = ColumnLinear(K, H_all * K, par, "linear_num_heads * linear_head_dim")
         self.o_norm = RMSNorm(K, config.rms_norm_eps)
-        self.o_proj = nn.Linear(H * K, D, bias=False)
-        _shard(self.o_proj.weight, 1)
+        self.o_proj = RowLinear(H_all * K, D, par, "linear_num_heads * linear_head_dim")
         self.lower_bound = config.linear_lower_bound
         self.kv_cache = (torch.tensor([]), torch.tensor([]))
         ctx = vllm_config.compilation_config.static_forward_context
@@ -178,7 +182,7 @@ class Glm5NextKDA(nn.Module, MambaBase):
 
     def get_state_shape(self):
         return MambaStateShapeCalculator.kda_state_shape(
-            self.tp_size, self.num_heads, self.head_dim, conv_kernel_size=self.conv_size
+            self.tp_size, self.total_heads, self.head_dim, conv_kernel_size=self.conv_size
         )
 
     def get_state_dtype(self):
@@ -258,18 +262,24 @@ class _Weight(nn.Module):
 class Glm5NextMLA(nn.Module):
     """NoPE MLA. CPU: expanded per-head K/V + vLLM Attention. Elsewhere: vLLM's MLA wrapper."""
 
-    def __init__(self, config, vllm_config: VllmConfig, prefix: str):
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str, par: Parallel | None = None):
         super().__init__()
-        D, H = config.hidden_size, config.num_attention_heads
+        par = par or Parallel()
+        D, H_all = config.hidden_size, config.num_attention_heads
+        # DeepSeek-V2's split: q_b / kv_b column-parallel by head, o_proj row-parallel; the low-rank
+        # a-projections, their norms and the (skipped) indexer replicated.
+        H = divide(H_all, par.size, "num_attention_heads")
         self.num_heads, self.nope, self.v_dim = H, config.qk_nope_head_dim, config.v_head_dim
         self.q_lora_rank, self.kv_lora_rank = config.q_lora_rank, config.kv_lora_rank
         self.expanded = current_platform.is_cpu()
         bias = config.attention_bias
         self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
-        self.q_b_proj = nn.Linear(config.q_lora_rank, H * self.nope, bias=False)
+        self.q_b_proj = ColumnLinear(config.q_lora_rank, H_all * self.nope, par, "num_attention_heads * qk_nope_head_dim")
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, config.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(config.kv_lora_rank, H * (self.nope + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(H * self.v_dim, D, bias=bias)
+        self.kv_b_proj = ColumnLinear(
+            config.kv_lora_rank, H_all * (self.nope + self.v_dim), par, "num_attention_heads * (qk_nope_head_dim + v_head_dim)"
+        )
+        self.o_proj = RowLinear(H_all * self.v_dim, D, par, "num_attention_heads * v_head_dim", bias=bias)
         self.indexer = Indexer(config)  # loaded, skipped (dense == DSA up to index_topk + kpool - 1 keys)
         if self.expanded:
             if self.nope not in CPU_ATTENTION_HEAD_SIZES:
@@ -281,7 +291,7 @@ class Glm5NextMLA(nn.Module):
             self.q_a_proj = nn.Linear(D, config.q_lora_rank, bias=bias)
             self.kv_a_proj_with_mqa = nn.Linear(D, config.kv_lora_rank, bias=bias)
             self.attn = Attention(
-                num_heads=H,
+                num_heads=H,  # this rank's heads
                 head_size=self.nope,
                 scale=self.nope**-0.5,
                 num_kv_heads=H,
@@ -299,7 +309,7 @@ class Glm5NextMLA(nn.Module):
                 q_a_layernorm=self.q_a_layernorm, q_b_proj=_TupleOut(self.q_b_proj), q_proj=None,
                 indexer=None, is_sparse=False, topk_indices_buffer=None,
             )
-            self.mla_attn = MultiHeadLatentAttentionWrapper(
+            self.mla_attn = MultiHeadLatentAttentionWrapper(  # H: this rank's heads, as DeepSeek-V2 passes
                 D, H, self.nope**-0.5, self.nope, 0, self.v_dim, config.q_lora_rank, config.kv_lora_rank,
                 modules, vllm_config.cache_config, vllm_config.quant_config, prefix,
             )
@@ -345,15 +355,15 @@ class _TupleOut(nn.Module):
 
 
 class Glm5NextDecoderLayer(nn.Module):
-    def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str, switches):
+    def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str, switches, par: Parallel):
         super().__init__()
         self.is_kda = config.layer_types[layer_idx] == "linear_attention"
         attn_prefix = f"{prefix}.self_attn"
         if self.is_kda:
-            self.self_attn = Glm5NextKDA(config, vllm_config, attn_prefix, use_scan=switches.kda_scan)
+            self.self_attn = Glm5NextKDA(config, vllm_config, attn_prefix, use_scan=switches.kda_scan, par=par)
         else:
-            self.self_attn = Glm5NextMLA(config, vllm_config, attn_prefix)
-        self.mlp = decoder_mlp(config, layer_idx)
+            self.self_attn = Glm5NextMLA(config, vllm_config, attn_prefix, par=par)
+        self.mlp = decoder_mlp(config, layer_idx, par)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         add_mhc_parameters(self, config, requires_grad=False)
@@ -375,12 +385,12 @@ class Glm5NextDecoderLayer(nn.Module):
 
 
 class Glm5NextTextModel(nn.Module):
-    def __init__(self, config, vllm_config: VllmConfig, prefix: str, switches):
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str, switches, par: Parallel):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, par)
         self.layers = nn.ModuleList(
-            Glm5NextDecoderLayer(config, vllm_config, i, f"{prefix}.layers.{i}", switches)
+            Glm5NextDecoderLayer(config, vllm_config, i, f"{prefix}.layers.{i}", switches, par)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -441,18 +451,19 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         cache = vllm_config.cache_config
         prefix_caching = bool(getattr(cache, "enable_prefix_caching", False))
         # Refuse prefix caching (and anything else the port cannot serve) at construction.
-        validate_config(text, tp_size=vllm_config.parallel_config.tensor_parallel_size, prefix_caching=prefix_caching)
+        self.par = from_vllm(vllm_config)
+        validate_config(text, tp_size=self.par.size, prefix_caching=prefix_caching, expert_parallel=self.par.expert_parallel)
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
         if self.switches.mhc_sinkhorn == "kernel" and current_platform.is_cpu():
             logger.info("GLM5_NEXT_MHC_SINKHORN=kernel on CPU: the TPC kernel's operation order, emulated in PyTorch")
         self.config = hf
         self.text_config = text
         self.model = _Container()
-        self.model.language_model = Glm5NextTextModel(text, vllm_config, "model.language_model", self.switches)
+        self.model.language_model = Glm5NextTextModel(text, vllm_config, "model.language_model", self.switches, self.par)
         vision_cfg = getattr(hf, "vision_config", None)
         if self.switches.vision and vision_cfg is not None:
             self.model.visual = VisionModel(vision_cfg)
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = LMHead(text.vocab_size, text.hidden_size, self.par)
         self.decode_layer_group = min(self.switches.decode_layer_group, text.num_hidden_layers)  # HPU lazy-mode grouping
 
     # --- vLLM model interface (embed_input_ids: SupportsMultiModal's, which merges image embeddings)
@@ -468,7 +479,7 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         return self.model.language_model(positions, embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states, self.lm_head.weight).float()
+        return self.lm_head.logits(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         vision = hasattr(self.model, "visual")
@@ -476,8 +487,8 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
             self,
             weights,
             self.text_config.num_hidden_layers,
-            tp_rank=get_tensor_model_parallel_rank(),
-            tp_size=get_tensor_model_parallel_world_size(),
+            tp_rank=self.par.rank,
+            tp_size=self.par.size,
             skip=None if vision else (lambda key: key.startswith("model.visual.")),
         )
         self.load_report = report

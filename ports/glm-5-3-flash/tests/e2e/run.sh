@@ -19,4 +19,4 @@ fi
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_ENABLE_V1_MULTIPROCESSING="${VLLM_ENABLE_V1_MULTIPROCESSING:-0}"
 cd "$REPO"
-exec "$PY" -m pytest -q -p no:cacheprovider -rs -m "" "$PORT/tests/test_plugin.py" "$PORT/tests/e2e" "$@"
+exec "$PY" -m pytest -q -p no:cacheprovider -rs -m "" "$PORT/tests/test_plugin.py" "$PORT/tests/test_tensor_parallel.py" "$PORT/tests/e2e" "$@"

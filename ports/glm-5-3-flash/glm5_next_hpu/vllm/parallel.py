@@ -1,0 +1,218 @@
+"""Tensor and expert parallelism for the vLLM model, in vLLM's own arithmetic.
+
+The layers here are plain ``nn.Linear`` / ``nn.Parameter`` sized for one rank, with the
+``glm5_shard_dim`` marker the port's loader narrows the checkpoint tensor by, and the
+communication where vLLM's layers put it:
+
+* ``ColumnLinear`` = ``ColumnParallelLinear`` (``gather_output=False``): output rows split, no
+  communication.
+* ``RowLinear`` = ``RowParallelLinear``: input columns split, the bias added on rank 0 only,
+  then the all-reduce (``reduce=False`` leaves it to the caller, as DeepSeek-V2's shared expert
+  does with ``reduce_results=False``).
+* ``VocabEmbedding`` = ``VocabParallelEmbedding`` without vLLM's padding to a multiple of 64
+  (the vocabulary must divide by TP): masked lookup of the rank's rows, then the all-reduce.
+* ``LMHead`` = ``ParallelLMHead`` + ``LogitsProcessor``: the rank's logits, all-gathered.
+* ``ParallelMoE``: the router (fp32 sigmoid, bias for selection only, top-k, routed scaling
+  factor) replicated on every rank; with expert parallelism each rank holds E / TP whole
+  experts (vLLM's linear placement: rank r holds experts [r*E/TP, (r+1)*E/TP)), without it
+  every rank holds every expert's 1/TP slice of the intermediate dim (FusedMoE's TP split).
+  The routed output and the shared expert's partial sum are reduced once, DeepSeek-V2's order.
+  The expert math is the port's (the SwiGLU clamp), not vLLM's FusedMoE.
+
+``Parallel.reduce`` / ``gather`` default to vLLM's TP-group collectives; the unit tests pass
+their own to run two ranks in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import UnsupportedConfigError
+from ..layers.moe import Router, clamped_swiglu
+
+
+def _vllm_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    from vllm.distributed import tensor_model_parallel_all_reduce
+
+    return tensor_model_parallel_all_reduce(x)
+
+
+def _vllm_all_gather(x: torch.Tensor) -> torch.Tensor:
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    return tensor_model_parallel_all_gather(x, dim=-1)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """This rank's place: TP rank and size, and whether routed experts are placed whole (EP)."""
+
+    rank: int = 0
+    size: int = 1
+    expert_parallel: bool = False
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        return (self.reduce or _vllm_all_reduce)(x)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        return (self.gather or _vllm_all_gather)(x)
+
+
+def from_vllm(vllm_config) -> Parallel:
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    pc = vllm_config.parallel_config
+    ep = bool(getattr(pc, "enable_expert_parallel", False))
+    if ep and getattr(pc, "data_parallel_size", 1) > 1:
+        # vLLM's EP group then spans DP x TP ranks; the port reduces over the TP group only.
+        raise UnsupportedConfigError(
+            f"expert parallelism across data-parallel ranks (data_parallel_size {pc.data_parallel_size}) is not "
+            "served: the port places experts over the tensor-parallel group only"
+        )
+    return Parallel(get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size(), ep)
+
+
+def divide(value: int, size: int, what: str, kind: str = "tensor-parallel") -> int:
+    if value % size:
+        raise UnsupportedConfigError(f"{what} ({value}) is not divisible by the {kind} size {size}")
+    return value // size
+
+
+def _mark(param: nn.Parameter, dim: int | None) -> nn.Parameter:
+    param.glm5_shard_dim = dim
+    return param
+
+
+class ColumnLinear(nn.Linear):
+    """y = x W_r^T: the rank's block of output rows (vLLM's ColumnParallelLinear)."""
+
+    def __init__(self, in_features: int, out_features: int, par: Parallel, what: str, bias: bool = False):
+        super().__init__(in_features, divide(out_features, par.size, what), bias=bias)
+        _mark(self.weight, 0)
+        if self.bias is not None:
+            _mark(self.bias, 0)
+
+
+class RowLinear(nn.Linear):
+    """y = all_reduce(x_r W_r^T (+ b on rank 0)) (vLLM's RowParallelLinear)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, par: Parallel, what: str, bias: bool = False, reduce: bool = True
+    ):
+        super().__init__(divide(in_features, par.size, what), out_features, bias=bias)
+        _mark(self.weight, 1)
+        self.par, self.reduce = par, reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias if self.par.rank == 0 else None)
+        return self.par.all_reduce(y) if self.reduce else y
+
+
+class VocabEmbedding(nn.Module):
+    def __init__(self, vocab: int, hidden: int, par: Parallel):
+        super().__init__()
+        self.rows = divide(vocab, par.size, "vocab_size")
+        self.start, self.par = par.rank * self.rows, par
+        self.weight = _mark(nn.Parameter(torch.empty(self.rows, hidden)), 0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.par.size == 1:
+            return F.embedding(ids, self.weight)
+        mine = (ids >= self.start) & (ids < self.start + self.rows)
+        out = F.embedding(torch.where(mine, ids - self.start, 0), self.weight)
+        return self.par.all_reduce(out.masked_fill(~mine.unsqueeze(-1), 0))
+
+
+class LMHead(nn.Module):
+    def __init__(self, vocab: int, hidden: int, par: Parallel):
+        super().__init__()
+        self.par = par
+        self.weight = _mark(nn.Parameter(torch.empty(divide(vocab, par.size, "vocab_size"), hidden)), 0)
+
+    def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.par.all_gather(F.linear(hidden_states, self.weight)).float()
+
+
+class ParallelMLP(nn.Module):
+    """SwiGLU with the clamp; gate/up column-parallel, down row-parallel (dense MLP, shared expert)."""
+
+    def __init__(self, hidden: int, intermediate: int, limit: float, par: Parallel, reduce: bool = True,
+                 what: str = "intermediate_size"):
+        super().__init__()
+        self.gate_proj = ColumnLinear(hidden, intermediate, par, what)
+        self.up_proj = ColumnLinear(hidden, intermediate, par, what)
+        self.down_proj = RowLinear(intermediate, hidden, par, what, reduce=reduce)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit))
+
+
+class ParallelExperts(nn.Module):
+    """This rank's routed experts, stacked as FusedMoE holds them (w13 = [gate; up], w2 = down).
+
+    ``glm5_experts`` = (first global expert id, count, all experts) tells the loader which checkpoint experts
+    belong here; the forward returns this rank's partial sum (the caller reduces)."""
+
+    def __init__(self, config, par: Parallel):
+        super().__init__()
+        E, D, I = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        if par.expert_parallel:
+            self.count = divide(E, par.size, "n_routed_experts", "expert-parallel")
+            self.start, inter, dims = par.rank * self.count, I, (None, None)
+        else:
+            self.count, self.start = E, 0
+            inter, dims = divide(I, par.size, "moe_intermediate_size"), (0, 1)
+        # Shard dims are of the per-expert checkpoint tensors: gate/up [I, D] on 0, down [D, I] on 1.
+        self.w13_weight = _mark(nn.Parameter(torch.zeros(self.count, 2 * inter, D)), dims[0])
+        self.w2_weight = _mark(nn.Parameter(torch.zeros(self.count, D, inter)), dims[1])
+        for p in (self.w13_weight, self.w2_weight):
+            p.glm5_experts = (self.start, self.count, E)
+        self.limit = config.swiglu_limit
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        local = ids - self.start
+        for e in local.unique().tolist():
+            if not 0 <= e < self.count:
+                continue  # another rank's expert
+            tok, slot = torch.where(local == e)
+            gate, up = F.linear(x[tok], self.w13_weight[e]).chunk(2, dim=-1)
+            y = F.linear(clamped_swiglu(gate, up, self.limit), self.w2_weight[e])
+            out.index_add_(0, tok, (y * weights[tok, slot, None]).to(x.dtype))
+        return out
+
+
+class ParallelMoE(nn.Module):
+    def __init__(self, config, par: Parallel):
+        super().__init__()
+        self.par = par
+        self.gate = Router(config)  # replicated: fp32 routing, identical on every rank
+        self.experts = ParallelExperts(config, par)
+        self.shared_experts = ParallelMLP(
+            config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.swiglu_limit, par,
+            reduce=False, what="moe_intermediate_size * n_shared_experts",
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, ids = self.gate(flat)
+        # The shared expert is added unscaled (routed_scaling_factor applies to routed weights only).
+        return self.par.all_reduce(self.experts(flat, weights, ids).view_as(x) + self.shared_experts(x))
+
+
+def decoder_mlp(config, layer_idx: int, par: Parallel) -> nn.Module:
+    if config.mlp_layer_types[layer_idx] == "sparse":
+        return ParallelMoE(config, par)
+    return ParallelMLP(config.hidden_size, config.intermediate_size, config.swiglu_limit, par)

@@ -1,0 +1,247 @@
+"""Tensor and expert parallelism of the vLLM model, two ranks in one process.
+
+Each case loads the tiny reference checkpoint through the port's loader into a TP 1 layer and
+into the rank 0 and rank 1 layers of TP 2 (with and without expert parallelism), then checks
+that each rank holds exactly its split of the TP 1 parameters, and that the rank outputs,
+combined as vLLM's collectives combine them (all-reduce = sum, all-gather = concat), equal the
+TP 1 output. The collectives are counted: one all-reduce per row-parallel block, as vLLM has it.
+The KDA layer needs vLLM (run under .venv-cpu, tests/e2e/run.sh); the rest runs anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from glm5_next_hpu.config import UnsupportedConfigError, validate_config
+from glm5_next_hpu.vllm.loader import load_checkpoint
+from glm5_next_hpu.vllm.parallel import LMHead, Parallel, ParallelMoE, VocabEmbedding, decoder_mlp
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not importable here (run under .venv-cpu)"
+)
+TP = 2
+LAYERS = "model.language_model.layers"
+
+
+@pytest.fixture(scope="module")
+def ref_ckpt():
+    from reference_harness import build_reference, checkpoint_tensors
+
+    ref, cfg = build_reference()
+    return checkpoint_tensors(ref), cfg
+
+
+class Counter:
+    def __init__(self):
+        self.reduces = 0
+
+    def reduce(self, x):
+        self.reduces += 1
+        return x  # the caller sums the ranks' partial results
+
+
+def _under(layer_idx: int, sub: str, module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` at model.language_model.layers.<i>.<sub>, so its parameter names are the checkpoint's."""
+    root = torch.nn.Module()
+    node = root
+    for part in ["model", "language_model"]:
+        setattr(node, part, torch.nn.Module())
+        node = getattr(node, part)
+    node.layers = torch.nn.ModuleDict({str(layer_idx): torch.nn.Module()})
+    setattr(node.layers[str(layer_idx)], sub, module)
+    return root
+
+
+def _load(ckpt, prefix: str, module, layers: int, rank=0, size=1):
+    part = {k: v for k, v in ckpt.items() if k.startswith(prefix)}
+    return load_checkpoint(module, part.items(), layers, tp_rank=rank, tp_size=size), part
+
+
+def _build(make, ckpt, cfg, layer_idx, sub, rank=0, size=1, ep=False):
+    counter = Counter()
+    par = Parallel(rank, size, ep, reduce=counter.reduce, gather=lambda x: x)
+    inner = make(par)
+    report, part = _load(ckpt, f"{LAYERS}.{layer_idx}.{sub}.", _under(layer_idx, sub, inner),
+                         cfg.text_config.num_hidden_layers, rank, size)
+    return inner, report, counter, part
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])
+def test_moe_ranks_hold_their_split_and_sum_to_tp1(ref_ckpt, ep):
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    make = lambda par: ParallelMoE(t, par)  # noqa: E731
+    full, _, c1, _ = _build(make, ckpt, cfg, 1, "mlp")
+    ranks = [_build(make, ckpt, cfg, 1, "mlp", r, TP, ep) for r in range(TP)]
+    E, I = t.n_routed_experts, t.moe_intermediate_size
+    x = torch.randn(37, t.hidden_size, generator=torch.Generator().manual_seed(3))
+    want = full(x)
+    assert c1.reduces == 0  # TP 1: no collective
+    got = sum(m(x) for m, _, _, _ in ranks)
+    for r, (m, report, counter, part) in enumerate(ranks):
+        assert counter.reduces == 1  # routed + shared reduced once, DeepSeek-V2's order
+        w13, w2 = full.experts.w13_weight, full.experts.w2_weight
+        if ep:  # whole experts: rank r holds experts [r*E/TP, (r+1)*E/TP)
+            n = E // TP
+            assert torch.equal(m.experts.w13_weight, w13[r * n : (r + 1) * n])
+            assert torch.equal(m.experts.w2_weight, w2[r * n : (r + 1) * n])
+            mine = {k for k in part if ".experts." in k and int(k.split(".experts.")[1].split(".")[0]) // n == r}
+            assert {k for k in report.loaded_keys if ".experts." in k} == mine
+            assert set(report.other_rank_keys) == {k for k in part if ".experts." in k} - mine
+        else:  # every expert, 1/TP of the intermediate dim of gate, of up and of down
+            i = I // TP
+            sl = slice(r * i, (r + 1) * i)
+            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :I][:, sl], w13[:, I:][:, sl]], dim=1))
+            assert torch.equal(m.experts.w2_weight, w2[:, :, sl])
+            assert report.loaded_keys == set(part) and not report.other_rank_keys
+        assert torch.equal(m.gate.weight, full.gate.weight)  # router replicated
+        assert torch.equal(m.gate.e_score_correction_bias, full.gate.e_score_correction_bias)
+        i = I * t.n_shared_experts // TP
+        assert torch.equal(m.shared_experts.gate_proj.weight, full.shared_experts.gate_proj.weight[r * i : (r + 1) * i])
+        assert torch.equal(m.shared_experts.down_proj.weight, full.shared_experts.down_proj.weight[:, r * i : (r + 1) * i])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # The test sees the experts: the routed part alone differs from the whole output.
+    assert not torch.allclose(ranks[0][0](x), want, atol=1e-3)
+
+
+def test_dense_mlp_ranks_sum_to_tp1(ref_ckpt):
+    ckpt, cfg = ref_ckpt
+    make = lambda par: decoder_mlp(cfg.text_config, 0, par)  # noqa: E731
+    full, *_ = _build(make, ckpt, cfg, 0, "mlp")
+    ranks = [_build(make, ckpt, cfg, 0, "mlp", r, TP) for r in range(TP)]
+    x = torch.randn(9, cfg.text_config.hidden_size, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(sum(m(x) for m, *_ in ranks), full(x), rtol=1e-5, atol=1e-6)
+    assert all(c.reduces == 1 for _, _, c, _ in ranks)
+    i = cfg.text_config.intermediate_size // TP
+    assert ranks[1][0].up_proj.weight.shape == (i, cfg.text_config.hidden_size)
+    assert torch.equal(ranks[1][0].up_proj.weight, full.up_proj.weight[i:])
+
+
+def test_vocabulary_embedding_and_lm_head_split(ref_ckpt):
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    V, D = t.vocab_size, t.hidden_size
+
+    def load(mod, key, rank=0, size=1):
+        holder = torch.nn.Module()
+        holder.weight = mod.weight
+        load_checkpoint(holder, [("weight", ckpt[key])], 1, tp_rank=rank, tp_size=size)
+        return mod
+
+    emb_key, head_key = "model.language_model.embed_tokens.weight", "lm_head.weight"
+    counter = Counter()
+    embs = [load(VocabEmbedding(V, D, Parallel(r, TP, reduce=counter.reduce)), emb_key, r, TP) for r in range(TP)]
+    assert all(e.weight.shape == (V // TP, D) for e in embs)
+    ids = torch.tensor([0, 1, V // TP - 1, V // TP, V - 1, 77, 200])
+    torch.testing.assert_close(sum(e(ids) for e in embs), ckpt[emb_key][ids], rtol=0, atol=0)
+    assert counter.reduces == TP
+    h = torch.randn(5, D, generator=torch.Generator().manual_seed(5))
+    heads = [load(LMHead(V, D, Parallel(r, TP, gather=lambda x: x)), head_key, r, TP) for r in range(TP)]
+    got = torch.cat([hd.logits(h) for hd in heads], dim=-1)
+    torch.testing.assert_close(got, (h @ ckpt[head_key].T).float(), rtol=1e-5, atol=1e-6)
+
+
+def test_shapes_that_do_not_divide_are_refused_naming_size_and_tp(ref_ckpt):
+    _, cfg = ref_ckpt
+    t = cfg.text_config
+    with pytest.raises(UnsupportedConfigError, match=r"linear_num_heads \(4\) is not divisible by the tensor-parallel size 3"):
+        validate_config(t, tp_size=3)
+    with pytest.raises(UnsupportedConfigError, match=r"vocab_size \(256\) is not divisible by the tensor-parallel size 3"):
+        validate_config(t, tp_size=3)
+    validate_config(t, tp_size=TP, expert_parallel=True)  # the tiny config divides at TP 2 + EP
+    old = t.n_routed_experts
+    try:
+        t.n_routed_experts = 6
+        with pytest.raises(UnsupportedConfigError, match=r"n_routed_experts \(6\) is not divisible by the expert-parallel size 4"):
+            validate_config(t, tp_size=4, expert_parallel=True)
+        with pytest.raises(UnsupportedConfigError, match=r"n_routed_experts \(6\) is not divisible by the expert-parallel size 4"):
+            ParallelMoE(t, Parallel(0, 4, True))
+    finally:
+        t.n_routed_experts = old
+    with pytest.raises(UnsupportedConfigError, match=r"moe_intermediate_size \(32\) is not divisible by the tensor-parallel size 3"):
+        ParallelMoE(t, Parallel(0, 3))
+    with pytest.raises(UnsupportedConfigError, match=r"vocab_size \(256\) is not divisible by the tensor-parallel size 3"):
+        VocabEmbedding(t.vocab_size, t.hidden_size, Parallel(0, 3))
+
+
+# ----------------------------------------------------------------------------- KDA (needs vLLM)
+
+
+def _kda(cfg, par):
+    from glm5_next_hpu.vllm.model import Glm5NextKDA
+
+    fake = SimpleNamespace(model_config=None, cache_config=None,
+                           compilation_config=SimpleNamespace(static_forward_context={}))
+    return Glm5NextKDA(cfg.text_config, fake, "kda", par=par)
+
+
+def _run_kda(layer, x, monkeypatch, lengths):
+    """Prefill ``x`` as len(lengths) sequences through the engine-facing core with this rank's
+    state slots (shapes from the layer's own get_state_shape); return (output, conv, recurrent)."""
+    import glm5_next_hpu.vllm.model as model
+
+    conv_shape, rec_shape = layer.get_state_shape()
+    n = len(lengths)
+    layer.kv_cache = (torch.zeros(n, *conv_shape), torch.zeros(n, *rec_shape))
+    qsl = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    md = SimpleNamespace(num_actual_tokens=int(qsl[-1]), num_spec_decodes=0, non_spec_query_start_loc=qsl,
+                         non_spec_state_indices_tensor=torch.arange(n), num_decodes=0, num_prefills=n,
+                         has_initial_state=torch.zeros(n, dtype=torch.bool))
+    ctx = SimpleNamespace(no_compile_layers={layer.prefix: layer}, attn_metadata={layer.prefix: md})
+    monkeypatch.setattr(model, "get_forward_context", lambda: ctx)
+    with torch.no_grad():
+        out = layer(x)
+    return out, layer.kv_cache[0], layer.kv_cache[1]
+
+
+@needs_vllm
+def test_kda_heads_conv_and_state_split_across_ranks(ref_ckpt, monkeypatch):
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    from glm5_next_hpu.vllm.model import Glm5NextForConditionalGeneration as C
+
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    H, K, W = t.linear_num_heads, t.linear_head_dim, t.linear_conv_kernel_dim
+    full, _, c1, _ = _build(lambda par: _kda(cfg, par), ckpt, cfg, 2, "self_attn")
+    ranks = [_build(lambda par: _kda(cfg, par), ckpt, cfg, 2, "self_attn", r, TP) for r in range(TP)]
+    h = H // TP
+    rows_of = lambda r: slice(r * h * K, (r + 1) * h * K)  # noqa: E731
+    for r, (m, report, _, part) in enumerate(ranks):
+        assert report.loaded_keys == set(part)
+        assert m.num_heads == h
+        rows = rows_of(r)
+        for name in ("q_proj", "k_proj", "v_proj", "f_b_proj", "g_b_proj"):
+            assert torch.equal(getattr(m, name).weight, getattr(full, name).weight[rows]), name
+        for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
+            assert torch.equal(getattr(m, name).weight, getattr(full, name).weight[rows]), name
+        assert torch.equal(m.dt_bias, full.dt_bias[rows])
+        assert torch.equal(m.A_log, full.A_log[:, :, r * h : (r + 1) * h])  # flat [H] reshaped, then split
+        assert torch.equal(m.b_proj.weight, full.b_proj.weight[r * h : (r + 1) * h])
+        assert torch.equal(m.o_proj.weight, full.o_proj.weight[:, rows])
+        for name in ("f_a_proj", "g_a_proj", "o_norm"):
+            assert torch.equal(getattr(m, name).weight, getattr(full, name).weight), name
+        # Per-rank state, as vLLM's kda_state_shape gives it for this TP size.
+        conv, rec = m.get_state_shape()
+        assert rec == (h, K, K) and sorted(conv) == sorted((3 * h * K, W - 1))
+    vcfg = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=TP),
+                           model_config=SimpleNamespace(hf_text_config=t))
+    assert C.get_mamba_state_shape_from_config(vcfg) == ranks[0][0].get_state_shape()
+    x = torch.randn(21, t.hidden_size, generator=torch.Generator().manual_seed(6))
+    want, conv1, rec1 = _run_kda(full, x, monkeypatch, [13, 8])
+    got = 0
+    for r, (m, _, counter, _) in enumerate(ranks):
+        out, conv, rec = _run_kda(m, x, monkeypatch, [13, 8])
+        got = got + out
+        assert counter.reduces == 1  # o_proj's all-reduce
+        torch.testing.assert_close(rec, rec1[:, r * h : (r + 1) * h], rtol=1e-5, atol=1e-6)
+        # Conv state channels: this rank's q | k | v heads (either of vLLM's conv state layouts).
+        ds = (lambda c: c) if is_conv_state_dim_first() else (lambda c: c.transpose(1, 2))
+        want_conv = ds(conv1).reshape(2, 3, H * K, W - 1)[:, :, rows_of(r)].reshape(2, 3 * h * K, W - 1)
+        torch.testing.assert_close(ds(conv), want_conv, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert c1.reduces == 0
