@@ -18,7 +18,7 @@ import torch
 
 from glm5_next_hpu.config import UnsupportedConfigError, validate_config
 from glm5_next_hpu.vllm.loader import load_checkpoint
-from glm5_next_hpu.vllm.parallel import LMHead, Parallel, ParallelMoE, VocabEmbedding, decoder_mlp
+from glm5_next_hpu.vllm.parallel import ColumnLinear, LMHead, Parallel, ParallelMoE, RowLinear, VocabEmbedding, decoder_mlp
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not importable here (run under .venv-cpu)"
@@ -119,6 +119,24 @@ def test_dense_mlp_ranks_sum_to_tp1(ref_ckpt):
     i = cfg.text_config.intermediate_size // TP
     assert ranks[1][0].up_proj.weight.shape == (i, cfg.text_config.hidden_size)
     assert torch.equal(ranks[1][0].up_proj.weight, full.up_proj.weight[i:])
+
+
+def test_row_parallel_bias_is_added_once_and_column_bias_is_split():
+    """vLLM's RowParallelLinear adds the bias on rank 0 only, before the all-reduce (MLA o_proj
+    with attention_bias); ColumnParallelLinear splits the bias with the rows."""
+    g = torch.Generator().manual_seed(7)
+    w, b, x = torch.randn(6, 8, generator=g), torch.randn(6, generator=g), torch.randn(3, 8, generator=g)
+    counter = Counter()
+    rows = [RowLinear(8, 6, Parallel(r, TP, reduce=counter.reduce), "in", bias=True) for r in range(TP)]
+    cols = [ColumnLinear(8, 6, Parallel(r, TP), "out", bias=True) for r in range(TP)]
+    for r in range(TP):
+        for layer in (rows[r], cols[r]):
+            holder = torch.nn.Module()
+            holder.weight, holder.bias = layer.weight, layer.bias
+            load_checkpoint(holder, [("weight", w), ("bias", b)], 1, tp_rank=r, tp_size=TP)
+    torch.testing.assert_close(sum(m(x[:, 4 * r : 4 * r + 4]) for r, m in enumerate(rows)), x @ w.T + b, rtol=1e-5, atol=1e-6)
+    assert counter.reduces == TP
+    torch.testing.assert_close(torch.cat([m(x) for m in cols], dim=-1), x @ w.T + b, rtol=1e-5, atol=1e-6)
 
 
 def test_vocabulary_embedding_and_lm_head_split(ref_ckpt):
