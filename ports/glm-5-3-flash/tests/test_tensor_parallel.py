@@ -186,6 +186,18 @@ def test_shapes_that_do_not_divide_are_refused_naming_size_and_tp(ref_ckpt):
         VocabEmbedding(t.vocab_size, t.hidden_size, Parallel(0, 3))
 
 
+def test_the_published_shapes_divide_at_tp8_with_expert_parallel():
+    """transformers' default Glm5NextConfig (the published sizes): TP 8 + EP, as the recipe serves
+    it: 8 KDA and 8 MLA heads and 36 of the 288 experts per rank."""
+    from transformers import Glm5NextConfig
+
+    t = Glm5NextConfig().text_config
+    validate_config(t, tp_size=8, expert_parallel=True)
+    assert (t.linear_num_heads // 8, t.num_attention_heads // 8, t.n_routed_experts // 8) == (8, 8, 36)
+    with pytest.raises(UnsupportedConfigError, match=r"n_routed_experts \(288\) is not divisible by the expert-parallel size 5"):
+        validate_config(t, tp_size=5, expert_parallel=True)
+
+
 # ----------------------------------------------------------------------------- KDA (needs vLLM)
 
 
