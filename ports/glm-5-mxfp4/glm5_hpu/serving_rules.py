@@ -18,7 +18,8 @@ Rules:
    the converter refuses FP8 sources and records its own name and the source index's sha256 in
    config.json's ``quantization_config``; a checkpoint without that record, an FP8 checkpoint,
    or (with ``--source``) a recorded source that is not the given BF16 folder is refused;
-5. the placement file fitted to GLM-5.3 (``glm53-ep4-placement.json``) only with GLM-5.3.
+5. the placement file fitted to GLM-5.3 (``glm53-ep4-placement.json``) only with GLM-5.3;
+6. (port.yaml) GLM_MOE_TP divides the tensor-parallel size.
 """
 
 from __future__ import annotations
@@ -171,6 +172,15 @@ def recipe_problems(data: dict) -> list[tuple[str, str | None]]:
     out.append(("rule gpu-memory", None if ok else
                 f"--gpu-memory-utilization is {mem!r}: at most {MAX_MEMORY}, the DSA indexer-key buffers are "
                 "allocated after vLLM's memory profiling"))
+
+    tp, moe_tp = args.get("--tensor-parallel-size", 1), env.get("GLM_MOE_TP", 1)
+    try:
+        divides = int(tp) % int(moe_tp) == 0  # type: ignore[arg-type]
+    except (TypeError, ValueError, ZeroDivisionError):
+        divides = False
+    out.append(("rule moe-tp", None if divides else
+                f"GLM_MOE_TP={moe_tp} does not divide --tensor-parallel-size {tp}: the cards of one expert group "
+                "split each expert's intermediate dimension"))
 
     fp8 = isinstance(model, str) and "fp8" in model.lower()
     out.append(("rule bf16-source", f"model {model!r}: the port serves {MODEL} converted to MXFP4, never "

@@ -141,7 +141,7 @@ def test_check_validates_every_fix_profile_switch_and_rule_and_names_the_missing
     # The two serving files are not built (README: "Not built yet"); everything else holds.
     assert errors == {"path ports/glm-5-mxfp4/serving/tp8-seqs4-128k.txt", "path ports/glm-5-mxfp4/serving/glm53-ep4-placement.json"}
     for item in ["profile v0.30.0", "port glm-5-mxfp4", "fix vllm-long-prefill-share", "fix glm47-streaming-text-markers",
-                 "rule expert-parallel", "rule fsdpa-softmax", "rule gpu-memory", "rule bf16-source", "rule placement"]:
+                 "rule expert-parallel", "rule fsdpa-softmax", "rule gpu-memory", "rule moe-tp", "rule bf16-source", "rule placement"]:
         assert records[item]["result"] == "ok", records[item]
     switches = {k for k in records if k.startswith("switch ")}
     assert switches == {f"switch {n}" for n in ["GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT",
@@ -181,10 +181,15 @@ def _set_flag(flag, value):
         (_drop_flag("--gpu-memory-utilization"), "rule gpu-memory", "at most 0.86"),
         (lambda d: d.__setitem__("model", "zai-org/GLM-5.3-FP8"), "rule bf16-source", "never the FP8 release"),
         (lambda d: d.__setitem__("model", "zai-org/GLM-5.2"), "rule placement", "fitted to zai-org/GLM-5.3-BF16"),
+        (lambda d: d["switches"].__setitem__("GLM_MOE_TP", "3"), "rule moe-tp", "does not divide --tensor-parallel-size 8"),
+        (lambda d: d["switches"].__setitem__("GLM_MXK", "true"), "switch GLM_MXK", "a recipe writes '1'"),
+        (lambda d: d["switches"].__setitem__("GLM_MOE_TP", "0"), "switch GLM_MOE_TP", "below the minimum 1"),
+        (lambda d: d["switches"].__setitem__("GLM_DSA_SPARS", "1"), "switch GLM_DSA_SPARS", "not a switch of port glm-5-mxfp4"),
     ],
-    ids=["no-expert-parallel", "softmax-dropped", "softmax-fast", "memory-0.9", "memory-unset", "fp8-model", "placement-other-model"],
+    ids=["no-expert-parallel", "softmax-dropped", "softmax-fast", "memory-0.9", "memory-unset", "fp8-model", "placement-other-model",
+         "moe-tp-3", "switch-spelling", "switch-range", "switch-unknown"],
 )
-def test_check_refuses_what_the_page_says_not_to_do(change, rule, words):
+def test_check_refuses_what_the_page_says_not_to_do_and_bad_switches(change, rule, words):
     records = _check(_edited(change))
     assert records[rule]["result"] == "error" and words in records[rule]["detail"], records[rule]
 
