@@ -227,3 +227,4 @@ def test_unquantized_checkpoint_still_loads_without_a_spec():
     stream = {**dense, "model.router.weight": torch.zeros(4, 32)}
     model, report = _load(stream, None)
     assert report.fp8_dequantized == [] and torch.equal(model.model.proj.weight, dense["model.proj.weight"])
+

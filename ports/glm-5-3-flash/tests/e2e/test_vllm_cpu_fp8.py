@@ -139,3 +139,51 @@ def test_fp8_greedy_tokens_alone_equal_transformers_on_dequantized_weights(llm, 
     prompts = ck.prompt_ids(N_PROMPTS)
     for i in (0, 3):  # short; long (chunked prefill)
         assert _generate(llm, [prompts[i]]) == [reference_tokens[i]], f"prompt {i}"
+
+
+# ----------------------------------------------------------------------------- the configs, without an engine
+
+
+def test_reference_config_claims_only_glm5_next_fp8_on_cpu_and_other_configs_are_refused():
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from glm5_next_hpu.config import UnsupportedConfigError
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
+    from glm5_next_hpu.vllm.fp8_config import NAME, Glm5NextFp8ReferenceConfig, checkpoint_fp8_spec
+
+    QC = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+          "modules_to_not_convert": ["lm_head"]}
+    SPEC = BlockFp8Spec(block=(128, 128), modules_to_not_convert=("lm_head",))
+
+    glm, other = SimpleNamespace(model_type="glm5_next"), SimpleNamespace(model_type="deepseek_v3")
+    assert Glm5NextFp8ReferenceConfig.override_quantization_method(QC, None, hf_config=glm) == NAME
+    assert Glm5NextFp8ReferenceConfig.override_quantization_method(QC, None, hf_config=other) is None
+    assert Glm5NextFp8ReferenceConfig.override_quantization_method({**QC, "quant_method": "awq"}, None, hf_config=glm) is None
+    assert Glm5NextFp8ReferenceConfig.override_quantization_method(QC, "gptq", hf_config=glm) is None
+    cfg = Glm5NextFp8ReferenceConfig.from_config(QC)
+    assert checkpoint_fp8_spec(cfg) == SPEC and checkpoint_fp8_spec(None) is None
+    assert torch.float32 in cfg.get_supported_act_dtypes()
+    # vLLM's own Fp8Config (what HPU builds): the plugin's layers cannot take its FP8 methods yet.
+    with pytest.raises(UnsupportedConfigError, match="not built"):
+        checkpoint_fp8_spec(Fp8Config.from_config(QC))
+    assert torch.float32 not in Fp8Config.get_supported_act_dtypes()  # why fp32 runs need the reference config
+
+
+def test_vllm_fp8_linear_method_needs_amx_on_cpu(llm):
+    """Why the CPU path is a reference path: vLLM 0.26.0's block-FP8 linear method has one CPU
+    kernel, and it needs AMX tiles. On a CPU without them, the layer cannot be built at all."""
+    from types import SimpleNamespace
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    if torch.cpu._is_amx_tile_supported():
+        pytest.skip("this CPU has AMX tiles: vLLM's CPUFp8BlockScaledMMKernel may build here")
+    qc = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})
+    vc = VllmConfig()
+    object.__setattr__(vc, "model_config", SimpleNamespace(dtype=torch.bfloat16))
+    with set_current_vllm_config(vc), pytest.raises(ValueError, match="CPUFp8BlockScaledMMKernel requires AMX"):
+        ReplicatedLinear(256, 256, bias=False, quant_config=qc, prefix="probe", params_dtype=torch.bfloat16)
