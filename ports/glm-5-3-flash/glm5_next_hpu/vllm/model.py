@@ -75,6 +75,7 @@ from ..layers.mla import Indexer
 from ..layers.norm import RMSNorm
 from ..layers.vision import VisionModel
 from ..switches import read_switches
+from .fp8_config import checkpoint_fp8_spec
 from .loader import load_checkpoint
 from .multimodal import (
     Glm5NextDummyInputsBuilder,
@@ -454,6 +455,7 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         self.par = from_vllm(vllm_config)
         validate_config(text, tp_size=self.par.size, prefix_caching=prefix_caching, expert_parallel=self.par.expert_parallel)
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
+        self.fp8_spec = checkpoint_fp8_spec(vllm_config.quant_config)  # block-FP8: dequantized at load (CPU)
         if self.switches.mhc_sinkhorn == "kernel" and current_platform.is_cpu():
             logger.info("GLM5_NEXT_MHC_SINKHORN=kernel on CPU: the TPC kernel's operation order, emulated in PyTorch")
         self.config = hf
@@ -490,6 +492,7 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
             tp_rank=self.par.rank,
             tp_size=self.par.size,
             skip=None if vision else (lambda key: key.startswith("model.visual.")),
+            fp8=self.fp8_spec,
         )
         self.load_report = report
         return report.loaded_params
