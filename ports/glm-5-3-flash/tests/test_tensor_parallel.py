@@ -108,6 +108,50 @@ def test_moe_ranks_hold_their_split_and_sum_to_tp1(ref_ckpt, ep):
     assert not torch.allclose(ranks[0][0](x), want, atol=1e-3)
 
 
+@pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])
+def test_block_fp8_moe_loads_into_rank_halves_as_the_tp1_split(ref_ckpt, ep):
+    """A block-FP8 checkpoint (16 x 16 blocks) goes through the same split: every FP8 weight is
+    dequantized whole with its scale, then narrowed to the rank's slice (or, with EP, kept by
+    the rank that holds its expert)."""
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec, quantize_block_fp8
+
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    spec = BlockFp8Spec.from_quantization_config({"quant_method": "fp8", "weight_block_size": [16, 16],
+                                                  "modules_to_not_convert": ["mlp.gate"]})
+    prefix = f"{LAYERS}.1.mlp."
+    stream = []
+    for k, v in ckpt.items():
+        if k.startswith(prefix) and k.endswith(".weight") and ".mlp.gate." not in k:
+            q, sc = quantize_block_fp8(v, spec.block)
+            stream += [(k, q), (k + "_scale_inv", sc)]
+        elif k.startswith(prefix):
+            stream.append((k, v))
+
+    def load(rank, size):
+        m = ParallelMoE(t, Parallel(rank, size, ep))
+        report = load_checkpoint(_under(1, "mlp", m), stream, t.num_hidden_layers, tp_rank=rank, tp_size=size, fp8=spec)
+        return m, report
+
+    full, full_report = load(0, 1)
+    assert full_report.fp8_dequantized  # the weights did come in as FP8
+    E, I = t.n_routed_experts, t.moe_intermediate_size
+    for r in range(TP):
+        m, report = load(r, TP)
+        w13, w2 = full.experts.w13_weight, full.experts.w2_weight
+        if ep:
+            n = E // TP
+            assert torch.equal(m.experts.w13_weight, w13[r * n : (r + 1) * n])
+            assert torch.equal(m.experts.w2_weight, w2[r * n : (r + 1) * n])
+            assert report.other_rank_keys
+        else:
+            sl = slice(r * I // TP, (r + 1) * I // TP)
+            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :I][:, sl], w13[:, I:][:, sl]], dim=1))
+            assert torch.equal(m.experts.w2_weight, w2[:, :, sl])
+        i = I * t.n_shared_experts // TP
+        assert torch.equal(m.shared_experts.up_proj.weight, full.shared_experts.up_proj.weight[r * i : (r + 1) * i])
+
+
 def test_dense_mlp_ranks_sum_to_tp1(ref_ckpt):
     ckpt, cfg = ref_ckpt
     make = lambda par: decoder_mlp(cfg.text_config, 0, par)  # noqa: E731
