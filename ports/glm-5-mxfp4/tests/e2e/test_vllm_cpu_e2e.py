@@ -13,7 +13,8 @@ which a tiny test cannot reach (the sparse path above it is tested against trans
 tests/test_glm5_hpu_dsa.py, not through vLLM). Head sizes are raised to 32 (vLLM's CPU attention).
 
 Two engine starts: switches unset (their defaults), MTP off; then MTP on (one speculative
-token) with every GLM_* switch at its reference value. Each start takes about a minute here.
+token) with every GLM_* switch at its reference value except GLM_MOE_PLACEMENT, which names a
+random permutation of the experts. Each start takes about a minute here.
 """
 
 from __future__ import annotations
@@ -158,15 +159,27 @@ def test_greedy_tokens_equal_transformers_with_the_same_dequantized_experts(llm,
         assert _generate(llm, [_prompts()[i]]) == [reference_tokens[i]], f"prompt {i} alone"
 
 
-def test_mtp_speculation_with_switches_at_reference_keeps_greedy_tokens(ckpt, reference_tokens, monkeypatch):
+def test_mtp_speculation_with_switches_at_reference_and_a_placement_keeps_greedy_tokens(
+        ckpt, reference_tokens, monkeypatch, tmp_path):
+    """MTP on; the switches at their reference values, and GLM_MOE_PLACEMENT naming a random
+    permutation of layers 1 and 2 (storage only: the tokens must not change)."""
     for name in SWITCHES:
         monkeypatch.delenv(name, raising=False)
     for name in ("GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_ROUTER_FAST", "GLM_EARLY_DRAFT",
                  "GLM_SPEC_DEVICE_REJECT"):
         monkeypatch.setenv(name, "0")
     monkeypatch.setenv("GLM_MOE_TP", "1")
+    g = torch.Generator().manual_seed(3)
+    orders = {str(layer): torch.randperm(8, generator=g).tolist() for layer in (1, 2)}
+    placement = tmp_path / "placement.json"
+    placement.write_text(json.dumps({"format": "glm5-moe-placement/1", "n_routed_experts": 8, "layers": orders}))
+    monkeypatch.setenv("GLM_MOE_PLACEMENT", str(placement))
     engine = _engine(ckpt[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1},
                      disable_log_stats=False)
+    stored = engine.apply_model(lambda m: {
+        name: mod.quant_method.experts.experts for name, mod in m.named_modules()
+        if type(mod).__name__ == "RoutedExperts"})[0]
+    assert stored == {f"model.layers.{k}.mlp.experts.routed_experts": v for k, v in orders.items()}
     got = _generate(engine, _prompts())
     assert got == reference_tokens
     counts = {m.name: m.value for m in engine.get_metrics() if m.name.startswith("vllm:spec_decode_num_draft")}
