@@ -5,8 +5,9 @@ glm5_hpu/vllm_plugin.py on CPU only). vLLM's own model classes do the rest.
   ``DeepSeekMTP``, built with dense attention. vLLM builds the DSA indexer and a sparse MLA
   layer whenever the config has ``index_topk``, and its CPU platform refuses sparse attention
   ("Sparse Attention is not supported on CPU"). Built from a view of the config without
-  ``index_topk`` they get vLLM's dense attention (MLA, or the expanded attention under
-  VLLM_MLA_DISABLE=1) and no indexer; vLLM's loader then drops the indexer's checkpoint weights.
+  ``index_topk`` they get vLLM's dense MLA (the CPU_MLA backend) and no indexer; vLLM's loader
+  then drops the indexer's checkpoint weights (the MTP's is given them filtered). The view also
+  fills the router keys vLLM reads and transformers' config lacks (ROUTER_DEFAULTS).
   Dense attention is the model's own attention while a query sees at most 32,768 keys (the
   seed's DSA threshold, glm5_hpu/dsa.py); above that the top-k is not built for this path, so
   with GLM_DSA_SPARSE=1 a --max-model-len above the threshold is refused rather than served
@@ -17,6 +18,8 @@ glm5_hpu/vllm_plugin.py on CPU only). vLLM's own model classes do the rest.
   glm5_hpu/moe_mxfp4.py: each chosen expert's blocks dequantized on the fly, bit for bit as the
   converter decodes them, in the activation dtype. Any other mxfp4 checkpoint gets vLLM's
   stock method. float32 activations are accepted too (the CPU reference runs in float32).
+* ``rejection_greedy_sample``: speculative decoding's greedy rejection in torch (vLLM's is a
+  Triton kernel, which its CPU build cannot run); sampled requests under speculation are refused.
 """
 
 from __future__ import annotations

@@ -56,3 +56,19 @@ def test_mxfp4_config_only_takes_the_converters_checkpoints_and_refuses_the_kern
     monkeypatch.setenv("GLM_MXK", "1")
     with pytest.raises(SwitchError, match="GLM_MXK"):
         Mxfp4CpuMoEMethod(None, 1)
+
+
+def test_dense_attention_above_the_dsa_threshold_is_refused_unless_sparse_is_off(monkeypatch):
+    from types import SimpleNamespace
+
+    from glm5_hpu.vllm_cpu import _check_dsa_threshold
+
+    def cfg(n):
+        return SimpleNamespace(model_config=SimpleNamespace(max_model_len=n))
+
+    monkeypatch.delenv("GLM_DSA_SPARSE", raising=False)
+    _check_dsa_threshold(cfg(32768))
+    with pytest.raises(ValueError, match="GLM_DSA_SPARSE=1 with --max-model-len 32769"):
+        _check_dsa_threshold(cfg(32769))
+    monkeypatch.setenv("GLM_DSA_SPARSE", "0")
+    _check_dsa_threshold(cfg(131072))
