@@ -10,7 +10,9 @@ files (posix_fadvise DONTNEED after fsync):
      SourceReader: O_DIRECT where the file system allows it, the same chunks), nothing else: the
      cold sequential read rate;
   2. runs the converter on that layer as a worker process (`--layers 0:1`): its rate, measured from
-     process start to exit, and its peak RSS.
+     process start to exit, and its peak RSS;
+  3. runs it again with one output write in flight instead of WRITE_DEPTH (GLM5_MXFP4_WRITE_DEPTH=1):
+     what the overlapped direct writes buy, side by side.
 Prints the ratio (goal >= 0.6), GB/s, peak RSS against 2 x the largest tensor + 300 MB, the
 projected time for the 1.508 TB release, the kernel alone, what the output writer costs buffered and
 with O_DIRECT, the scale modes' error, the CPU model and the load average.
@@ -159,17 +161,19 @@ def cold_read(src: Source, unit: str) -> tuple[int, float, bool]:
     return total, dt, direct
 
 
-def write_cost(folder: str, nbytes: int, direct: bool) -> tuple[float, float, bool]:
+def write_cost(folder: str, nbytes: int, direct: bool, depth: int = pipeline.WRITE_DEPTH) -> tuple[float, float, bool]:
     """The converter's output writer (pipeline.OutputFile) alone, `nbytes` in 6.7 MB pieces (one
-    expert's codes and scales), then fsync: wall seconds, CPU seconds of the writing thread (user +
-    sys), and whether O_DIRECT was used."""
+    expert's codes and scales), then fsync, with `depth` direct writes in flight: wall seconds, CPU
+    seconds of this process (user + sys: the writes run on the writer's flusher threads), and
+    whether O_DIRECT was used."""
     import resource
 
     piece = np.random.default_rng(1).integers(0, 256, 2048 * 3072 + 2048 * 192, dtype=np.uint8)
     path = os.path.join(folder, f"write-{'direct' if direct else 'plain'}")
     pipeline.DIRECT_WRITES = direct
+    default_depth, pipeline.WRITE_DEPTH = pipeline.WRITE_DEPTH, depth
     try:
-        r0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         out = pipeline.OutputFile(path)
         used = out.direct
         try:
@@ -181,12 +185,32 @@ def write_cost(folder: str, nbytes: int, direct: bool) -> tuple[float, float, bo
             os.fsync(out.fd)
         finally:
             out.close()
-        r1, t1 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
+        r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     finally:
-        pipeline.DIRECT_WRITES = True
+        pipeline.DIRECT_WRITES, pipeline.WRITE_DEPTH = True, default_depth
         if os.path.exists(path):
             os.unlink(path)
     return t1 - t0, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), used
+
+
+def run_converter(src_dir: str, dst_dir: str, **env) -> tuple[float, float, int] | None:
+    """The converter on the layer as a worker process (`--layers 0:1`): wall seconds from process
+    start to exit, its CPU seconds (user + sys) and its peak RSS; None if it failed."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "glm5_mxfp4.convert", src_dir, dst_dir, "--layers", "0:1", "--quiet"],
+                            cwd=PORT, env=dict(os.environ, PYTHONPATH=PORT, **env))
+    rss = 0
+    while True:
+        rss = max(rss, peak_rss(proc.pid))
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.2)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        print(f"converter exited {os.waitstatus_to_exitcode(status)}", file=sys.stderr)
+        return None
+    return wall, usage.ru_utime + usage.ru_stime, rss
 
 
 def main() -> int:
@@ -224,29 +248,23 @@ def main() -> int:
         drop_cache(shards)
         nbytes, read_s, direct = cold_read(src, unit)
         read_rate = nbytes / read_s
-        # 2. the converter, as a worker process
+        # 2. the converter, as a worker process; then again with one output write in flight
         drop_cache(shards)
         load_before = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "glm5_mxfp4.convert", src_dir, dst_dir, "--layers", "0:1", "--quiet"],
-                                cwd=PORT, env=dict(os.environ, PYTHONPATH=PORT))
-        rss = 0
-        while True:
-            rss = max(rss, peak_rss(proc.pid))
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            time.sleep(0.2)
-        conv_s = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            print(f"converter exited {proc.returncode}", file=sys.stderr)
+        run = run_converter(src_dir, dst_dir)
+        if run is None:
             return 1
-        cpu_s = usage.ru_utime + usage.ru_stime
-        cores = os.cpu_count() or 1
+        conv_s, cpu_s, rss = run
         load_after = os.getloadavg()[0]
+        cores = os.cpu_count() or 1
         conv_rate = nbytes / conv_s
         out_bytes = os.path.getsize(os.path.join(dst_dir, src.unit_file(unit)))
+        shutil.rmtree(dst_dir)
+        drop_cache(shards)
+        run = run_converter(src_dir, dst_dir, GLM5_MXFP4_WRITE_DEPTH="1")
+        if run is None:
+            return 1
+        one_s = run[0]
         # the scale modes' error on the same data (one expert's gate_proj)
         t = src.tensors["model.layers.0.mlp.experts.0.gate_proj.weight"]
         with open(src.headers[t.shard].path, "rb") as f:
@@ -263,12 +281,15 @@ def main() -> int:
         w_bytes = min(out_bytes, 10**9)
         w_plain, c_plain, _ = write_cost(base, w_bytes, direct=False)
         w_direct, c_direct, used_direct = write_cost(base, w_bytes, direct=True)
+        w_one, c_one, _ = write_cost(base, w_bytes, direct=True, depth=1)
         goal_rss = 2 * largest + 300e6
         rows = [
             ("cold sequential read, converter's reader", f"{read_rate / 1e9:.2f} GB/s",
              f"{read_s:.1f} s, {'O_DIRECT' if direct else 'buffered'}"),
             ("converter, one worker (--layers 0:1), process start to exit", f"{conv_rate / 1e9:.2f} GB/s", f"{conv_s:.1f} s"),
             ("ratio converter / read (goal >= 0.6)", f"{conv_rate / read_rate:.2f}", ""),
+            (f"converter with 1 output write in flight, not {pipeline.WRITE_DEPTH} (ratio)", f"{nbytes / one_s / 1e9:.2f} GB/s",
+             f"{one_s:.1f} s (ratio {nbytes / one_s / read_rate:.2f})"),
             ("output / input bytes", f"{out_bytes / nbytes:.4f}", "4.25 / 16 = 0.2656 for the experts"),
             ("peak RSS of the worker", f"{rss / 1e6:.0f} MB", f"goal <= 2 x {largest / 1e6:.0f} MB + 300 MB = {goal_rss / 1e6:.0f} MB"),
             ("converter CPU time (user + sys), share of the cores it got", f"{cpu_s:.1f} s",
@@ -279,8 +300,11 @@ def main() -> int:
              f"{block.nbytes / kern_wall / 1e9:.2f} GB/s", f"{block.nbytes / kern_cpu / 1e9:.2f} GB/s per CPU second"),
             (f"output writer alone, {w_bytes / 1e9:.2f} GB: buffered, fdatasync every 512 MB",
              f"{c_plain / (w_bytes / 1e9):.2f} CPU s per GB", f"{w_bytes / w_plain / 1e9:.2f} GB/s"),
-            (f"output writer alone, {w_bytes / 1e9:.2f} GB: " + ("O_DIRECT" if used_direct else "O_DIRECT unavailable, plain"),
+            (f"output writer alone, {w_bytes / 1e9:.2f} GB: " + ("O_DIRECT" if used_direct else "O_DIRECT unavailable, plain")
+             + f", {pipeline.WRITE_DEPTH} writes in flight (the converter's)",
              f"{c_direct / (w_bytes / 1e9):.2f} CPU s per GB", f"{w_bytes / w_direct / 1e9:.2f} GB/s"),
+            (f"output writer alone, {w_bytes / 1e9:.2f} GB: the same, 1 write in flight",
+             f"{c_one / (w_bytes / 1e9):.2f} CPU s per GB", f"{w_bytes / w_one / 1e9:.2f} GB/s"),
             ("relative error of dequant(quant(w)), N(0, 0.02) expert", f"floor {err['floor']:.4f}, even {err['even']:.4f}", ""),
             ("load average (1 min) before / after the converter run", f"{load_before:.2f} / {load_after:.2f}", f"{os.cpu_count()} cores"),
         ]

@@ -269,7 +269,7 @@ def test_check_json_lists_every_item(pack, capsys):
 # --------------------------------------------------------------------------- schema
 SCHEMA_BAD = {
     "unknown top-level key": (_set("extra", value=1), "unknown key 'extra'"),
-    "unknown serve key": (_set("serve", "model", value="x"), "serve: unknown key 'model'"),
+    "unknown serve key": (_set("serve", "entrypoint", value="x"), "serve: unknown key 'entrypoint'"),
     "missing profile": (lambda d: d.pop("profile"), "missing key 'profile'"),
     "boolean env value": (_set("env", "VLLM_SKIP_WARMUP", value=True), "env.VLLM_SKIP_WARMUP: value must be a string or an integer, found a boolean"),
     "two flags in one mapping": (_set("serve", "args", 0, value={"--a": 1, "--b": 2}), "serve.args[0]: a mapping holds one '--flag: value', found 2 keys"),

@@ -38,6 +38,7 @@ SERVE_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
         "in order: '--flag', or {'--flag': value}; a mapping or list value is passed as JSON; "
         "a string '$COOKBOOK/<path>' names a file of this repository",
     ),
+    "model": ((str,), False, "what `vllm serve` loads when not the hub model: '$NAME', a variable the recipe exports"),
 }
 
 COOKBOOK = "$COOKBOOK/"
@@ -117,6 +118,9 @@ def load_recipe(path: Path) -> Recipe:
             if isinstance(value, str) and value.startswith(COOKBOOK):
                 check_relpath(value[len(COOKBOOK):], where=w)
     serve = schema.check_mapping(data["serve"], SERVE_SCHEMA, where=f"{where}: serve")
+    target = serve.get("model")
+    if target is not None and (not target.startswith("$") or target[1:] not in data["env"]):
+        raise ConfigError(f"{where}: serve.model {target!r}: write '$NAME' for a variable the recipe exports in 'env'")
     flags: set[str] = set()
     for i, a in enumerate(serve["args"]):
         w = f"{where}: serve.args[{i}]"
@@ -186,11 +190,17 @@ def render(recipe: Recipe) -> str:
         " ".join([f'python3 "{COOKBOOK}{APPLY_ALL}"', "--profile", shlex.quote(d["profile"]), *(["--port", shlex.quote(d["port"])] if d.get("port") else []), *map(shlex.quote, d["fixes"])]) + " || exit 1",
         "",
     ]
-    words = [f"vllm serve {shlex.quote(d['model'])}"]
+    words = [f"vllm serve {serve_target(d)}"]
     for flag, value in recipe.args():
         words.append(f"  {flag}" if value is None else f"  {flag} {shell_word(value)}")
     lines += [w + " \\" for w in words[:-1]] + [words[-1]]
     return "\n".join(lines) + "\n"
+
+
+def serve_target(d: dict) -> str:
+    """The `vllm serve` positional: serve.model ('$NAME', checked by load_recipe), else the hub model."""
+    target = d["serve"].get("model")
+    return target if target else shlex.quote(d["model"])
 
 
 def _rel(path: Path, root: Path):
@@ -259,6 +269,24 @@ def switch_problem(port, name: str, value: str) -> str | None:
     return parser.recipe_value_problem(name, port.data["switches"][name], value, where=str(port.dir / "port.yaml"))
 
 
+def port_rule_records(port, data: dict) -> list[dict]:
+    """The port's own serving rules (``<port>/<plugin package>/serving_rules.py``, optional):
+    its ``recipe_problems(data)`` gives (rule, problem or None) for each rule the recipe can break
+    (the glm-5-mxfp4 port: expert parallel for MXFP4 experts, the softmax mode, the memory cap)."""
+    import importlib.util
+
+    package = ((port.data.get("plugin") or {}).get("package") or "") if port is not None else ""
+    path = port.dir / package / "serving_rules.py" if package else None
+    if path is None or not path.is_file():
+        return []
+    spec = importlib.util.spec_from_file_location(f"_fixpack_rules_{package}", path)
+    if spec is None or spec.loader is None:
+        return [{"item": f"rules {port.name}", "result": "error", "detail": f"cannot load {path}"}]
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
+    return [{"item": item, "result": "error" if problem else "ok", "detail": problem or f"{port.name} serving rule"} for item, problem in rules.recipe_problems(data)]
+
+
 def switch_prefix(names: list[str]) -> str | None:
     """The switches' common prefix up to its last '_' (GLM5_NEXT_ for the GLM-5.3-Flash port)."""
     if not names:
@@ -318,7 +346,9 @@ def check_recipe(recipe: Recipe, pack) -> list[dict]:
             bad(item, f"fix {fid!r} is a default fix of profile {profile.name}, not an opt-in; it applies without being named, so drop it from 'fixes'")
             continue
         try:
-            pack.fix(fid)
+            # the profile's own folder for the fix (fixes_dir, or the entry's dir), not fixes/<id>
+            entry = next(e for e in profile.entries if e.id == fid)
+            pack.fix(fid, rel_dir=pack.entry_dir(profile, entry))
             ok(item, "opt-in of " + profile.name)
         except FixpackError as exc:
             bad(item, f"fix {fid!r}: {exc}")
@@ -347,6 +377,8 @@ def check_recipe(recipe: Recipe, pack) -> list[dict]:
     for name in d["env"]:
         if port is not None and (name in declared or (prefix and name.startswith(prefix))):
             bad(f"env {name}", f"env.{name} looks like a switch of port {port.name}; list it under 'switches' so it is checked")
+
+    records += port_rule_records(port, d)
 
     for item_where, rel in recipe.cookbook_paths():
         item = f"path {rel}"

@@ -38,6 +38,9 @@ def register() -> None:
         if current is not None and _is_ours(current, target):
             continue  # already registered (this process called register() before)
         ModelRegistry.register_model(arch, target)
+    from .vllm.fp8_config import register as register_fp8_reference
+
+    register_fp8_reference()  # block-FP8 checkpoints on CPU: dequantized at load (see fp8_config.py)
     if not _registered:
         logger.debug("glm5_next_hpu: registered %s", ", ".join(ARCHITECTURES))
     _registered = True

@@ -23,7 +23,10 @@ from .source import InputError, Source, Tensor
 
 CHUNK = 32 << 20
 SYNC_EVERY = 512 << 20
-STAGE = 8 << 20  # the direct-write staging buffer
+STAGE = 8 << 20  # one direct-write staging buffer
+# direct writes in flight (flusher threads), a staging buffer each plus the one filling;
+# GLM5_MXFP4_WRITE_DEPTH overrides it (bench/bench_convert.py compares 1 with the default)
+WRITE_DEPTH = max(1, int(os.environ.get("GLM5_MXFP4_WRITE_DEPTH", "2")))
 DIRECT_WRITES = True  # tests turn it off to run the plain path
 IN_SLOTS = 6  # read buffers, recycled: fresh allocations would fault in (and zero) every page
 OUT_SLOTS = 6  # output buffers (a quarter of a read buffer each), taken in stream order
@@ -147,10 +150,14 @@ def compute_threads() -> int:
 
 class OutputFile:
     """The unit's output, written front to back. With O_DIRECT where the file system allows it:
-    the bytes go through an aligned staging buffer straight to the disk, with no page-cache copy
+    the bytes go through aligned staging buffers straight to the disk, with no page-cache copy
     (buffered writes of the output cost about 1.8 CPU seconds per GB here, more than the
-    quantization) and no dirty pages to bound; the last partial block is written the plain way.
-    Otherwise plain writes, fdatasync-ed every SYNC_EVERY bytes to keep dirty pages bounded."""
+    quantization) and no dirty pages to bound. A full staging buffer is handed to one of
+    WRITE_DEPTH flusher threads, which pwrite it at its offset (the layout is fixed by the header),
+    so up to WRITE_DEPTH writes are in flight while the next buffer fills: one synchronous direct
+    write at a time leaves the disk idle between writes. The last partial block is written the
+    plain way. Otherwise plain writes, fdatasync-ed every SYNC_EVERY bytes to keep dirty pages
+    bounded."""
 
     def __init__(self, path: str):
         self.path = path
@@ -164,14 +171,29 @@ class OutputFile:
         self.direct = self.fd is not None
         if self.fd is None:
             self.fd = os.open(path, flags, 0o644)
-        self.stage = aligned_buffer(STAGE)[:STAGE] if self.direct else None
         self.fill = 0  # bytes waiting in `stage`
         self.written = 0  # bytes accepted
+        self.pos = 0  # file offset of stage[0]
         self.since_sync = 0
+        self.stage = None
+        self._flushers: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+        # staged: every byte goes through the staging buffers and pwrite at its offset, even if the
+        # file system later refuses O_DIRECT (then those pwrites are plain): never mix in os.write
+        self.staged = self.direct
+        if self.staged:
+            self._free: queue.Queue = queue.Queue()
+            for _ in range(WRITE_DEPTH):
+                self._free.put(aligned_buffer(STAGE)[:STAGE])
+            self.stage = aligned_buffer(STAGE)[:STAGE]
+            self._todo: queue.Queue = queue.Queue()
+            self._flushers = [threading.Thread(target=self._flusher, daemon=True) for _ in range(WRITE_DEPTH)]
+            for t in self._flushers:
+                t.start()
 
     def write(self, mv: memoryview) -> None:
         self.written += len(mv)
-        if not self.direct:
+        if not self.staged:
             self._plain(mv)
             return
         while len(mv):
@@ -180,33 +202,54 @@ class OutputFile:
             self.fill += n
             mv = mv[n:]
             if self.fill == STAGE:
-                self._flush()
+                self._raise()
+                self._todo.put((self.stage, self.pos, STAGE))
+                self.pos += STAGE
+                self.fill = 0
+                self.stage = self._free.get()
 
-    def _flush(self) -> None:
-        """Write the whole blocks of `stage`; keep the rest at its start."""
-        n = self.fill - self.fill % ALIGN
+    def _flusher(self) -> None:
+        while (job := self._todo.get()) is not None:
+            buf, pos, n = job
+            try:
+                if not self._errors:
+                    self._pwrite(buf, pos, n)
+            except BaseException as exc:
+                self._errors.append(exc)
+            finally:
+                self._free.put(buf)
+
+    def _pwrite(self, buf: np.ndarray, pos: int, n: int) -> None:
+        """Bytes [0, n) of `buf` at `pos`: direct while the file system takes it, else plain (a file
+        system that opens with O_DIRECT but refuses the write)."""
+        mv = memoryview(buf)
         done = 0
-        try:
-            while done < n:
-                r = os.write(self.fd, memoryview(self.stage)[done:n])
-                if r <= 0 or r % ALIGN:
-                    raise OSError(f"{self.path}: short direct write ({r} bytes)")
-                done += r
-        except OSError:  # a file system that opens with O_DIRECT but refuses the write: go plain
-            self._to_plain()
-            self._plain(memoryview(self.stage)[done:self.fill])
-            self.fill = 0
-            return
-        rest = self.fill - n
-        if rest:
-            self.stage[:rest] = self.stage[n:self.fill]
-        self.fill = rest
+        while done < n:
+            try:
+                r = os.pwrite(self.fd, mv[done:n], pos + done)
+            except OSError:
+                if not self._direct_flag():
+                    raise
+                self._to_plain()
+                continue
+            if r <= 0:
+                raise OSError(f"{self.path}: short write at offset {pos + done}")
+            done += r
+
+    def _direct_flag(self) -> bool:
+        import fcntl
+
+        return bool(fcntl.fcntl(self.fd, fcntl.F_GETFL) & os.O_DIRECT)
 
     def _to_plain(self) -> None:
         import fcntl
 
         fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
         self.direct = False
+
+    def _raise(self) -> None:
+        if self._errors:
+            raise self._errors[0]
 
     def _plain(self, mv: memoryview) -> None:
         done = 0
@@ -217,17 +260,36 @@ class OutputFile:
             os.fdatasync(self.fd)  # keeps dirty pages bounded and the final fsync short
             self.since_sync = 0
 
+    def _drain(self) -> None:
+        for _ in self._flushers:
+            self._todo.put(None)
+        for t in self._flushers:
+            t.join()
+        self._flushers = []
+
     def finish(self) -> None:
         """Everything accepted is in the file (not yet fsynced)."""
-        if self.direct:
-            self._flush()
-            if self.fill:  # the last partial block
-                tail = bytes(self.stage[:self.fill])
+        if self.stage is None:
+            return
+        self._drain()
+        self._raise()
+        whole = self.fill - self.fill % ALIGN
+        if whole:
+            self._pwrite(self.stage, self.pos, whole)
+        if self.fill > whole:  # the last partial block: O_DIRECT takes whole blocks only
+            if self._direct_flag():
                 self._to_plain()
-                self._plain(memoryview(tail))
-                self.fill = 0
+            tail = memoryview(self.stage)[whole:self.fill]
+            done = 0
+            while done < len(tail):
+                done += os.pwrite(self.fd, tail[done:], self.pos + whole + done)
+        self.pos += self.fill
+        self.fill = 0
+        self.stage = None
 
     def close(self) -> None:
+        if self._flushers:  # an error path: stop the flushers before the descriptor goes
+            self._drain()
         os.close(self.fd)
 
 

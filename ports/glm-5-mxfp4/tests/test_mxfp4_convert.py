@@ -142,6 +142,9 @@ PIPELINE_VARIANTS = {
     # more compute threads than buffers in flight
     "small stage, few buffers": {"STAGE": 3 * 4096, "IN_SLOTS": 3, "OUT_SLOTS": 2, "threads": 3},
     "one compute thread": {"threads": 1, "CHUNK": 4096},
+    # one-block staging buffers and four direct writes in flight: they land out of order
+    "many writes in flight": {"STAGE": 4096, "WRITE_DEPTH": 4},
+    "one write in flight": {"WRITE_DEPTH": 1},
 }
 
 
@@ -191,18 +194,18 @@ def test_output_file_direct_staging_and_fallback(tmp_path, monkeypatch):
     # a file system that opens with O_DIRECT but refuses the writes: the rest goes the plain way
     import fcntl
 
-    real_write = os.write
+    real_pwrite = os.pwrite
     refused = []
 
-    def refusing_write(fd, data):
+    def refusing_pwrite(fd, data, offset):
         if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
             refused.append(len(data))
             raise OSError(22, "Invalid argument")
-        return real_write(fd, data)
+        return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(os, "write", refusing_write)
+    monkeypatch.setattr(os, "pwrite", refusing_pwrite)
     _, still_direct = write_all(tmp_path / "fallback")
-    monkeypatch.setattr(os, "write", real_write)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
     assert (tmp_path / "fallback").read_bytes() == want
     assert refused and not still_direct
 

@@ -19,6 +19,14 @@ Sharding rules travel on the parameters (set by the model at construction):
 * ``glm5_shard_dim``: the dim split across tensor-parallel ranks (None = replicated).
 * ``glm5_fused``: {checkpoint suffix: (row offset, rows)} for a parameter fused from several
   checkpoint tensors (the HPU MLA path's fused q_a / kv_a projection).
+
+Block-FP8 checkpoints (``fp8=BlockFp8Spec``; ``fp8.py``): each FP8 ``<module>.weight`` is paired
+with its ``<module>.weight_scale_inv`` and dequantized to the parameter's dtype *before* the
+region logic above, so the byte count checks the dequantized weight like any other; the pairing
+refuses, naming the key, an unpaired weight or scale, a scale off the block grid, a duplicate, and
+an FP8 tensor of a module in modules_to_not_convert. This is the CPU reference path: a parameter
+that is itself FP8 (vLLM's FP8 method kept it FP8) is refused here -- loading raw FP8 bytes and
+their scales into vLLM's FP8 parameters is not built.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..weights import map_checkpoint_key
+from .fp8 import FP8_DTYPE, BlockFp8Spec, Fp8Pairing
 
 
 class CheckpointLoadError(ValueError):
@@ -42,6 +51,7 @@ class LoadReport:
     skipped_keys: list[str] = field(default_factory=list)
     loaded_params: set[str] = field(default_factory=set)
     elements: int = 0
+    fp8_dequantized: list[str] = field(default_factory=list)  # FP8 weight keys, each with its scale consumed
 
 
 def _region(dest: torch.Tensor, tensor: torch.Tensor, key: str, param, name: str, tp_rank: int, tp_size: int):
@@ -90,13 +100,15 @@ def load_checkpoint(
     tp_size: int = 1,
     skip: Callable[[str], bool] | None = None,
     rename: Callable[[str], str] | None = None,
+    fp8: BlockFp8Spec | None = None,
 ) -> LoadReport:
     """Load (checkpoint key, tensor) pairs into ``model``; raise :class:`CheckpointLoadError` unless
     every parameter received exactly its number of elements and every key landed exactly once.
 
     ``skip(key)`` marks keys deliberately not served (e.g. the vision tower with
     GLM5_NEXT_VISION=0); MTP layers are skipped as transformers does. ``rename`` maps a checkpoint
-    key to the model's parameter naming, when they differ.
+    key to the model's parameter naming, when they differ. ``fp8``: the checkpoint's block-FP8
+    quantization_config (None: a BF16 checkpoint, and any FP8 tensor or scale in it is refused).
     """
     params = dict(model.named_parameters())
     fused_owner = {}
@@ -105,47 +117,12 @@ def load_checkpoint(
             fused_owner[f"{name.rsplit('.', 2)[0]}.{suffix}"] = name
     written = dict.fromkeys(params, 0)
     report = LoadReport()
-    for key, tensor in weights:
-        if key in report.loaded_keys:
-            raise CheckpointLoadError(f"{key}: appears twice in the checkpoint stream")
-        target = map_checkpoint_key(key, num_hidden_layers)
-        if target is None or (skip is not None and skip(key)):
-            report.skipped_keys.append(key)
-            continue
-        pname = rename(target.param) if rename else target.param
-        offset = None
-        if pname not in params and key in fused_owner:
-            pname = fused_owner[key]
-        if pname not in params:
-            raise CheckpointLoadError(f"{key}: no parameter {pname!r} in the model (unknown checkpoint key)")
-        param = params[pname]
-        dest = param.data
-        fused = getattr(param, "glm5_fused", None)
-        if fused:
-            suffix = key[len(pname.rsplit(".", 2)[0]) + 1 :]
-            offset, rows = fused[suffix]
-            dest = dest.narrow(0, offset, rows)
-        src = _region(dest, tensor, key, param, pname, tp_rank, tp_size)
-        if target.expert is not None:
-            if target.expert >= dest.shape[0]:
-                raise CheckpointLoadError(f"{key}: expert {target.expert} beyond {pname} with {dest.shape[0]} experts")
-            dest = dest[target.expert]
-            half = dest.shape[0] // 2
-            if target.shard == "gate":
-                dest = dest[:half]
-            elif target.shard == "up":
-                dest = dest[half:]
-        if tuple(dest.shape) != tuple(src.shape):
-            raise CheckpointLoadError(
-                f"{key}: checkpoint shape {tuple(tensor.shape)} (as loaded {tuple(src.shape)}) != "
-                f"parameter {pname} region {tuple(dest.shape)}"
-            )
-        dest.copy_(src)
-        written[pname] += dest.numel()
-        if written[pname] > param.numel():
-            raise CheckpointLoadError(f"{key}: {pname} written {written[pname]} elements, it holds {param.numel()}")
-        report.loaded_keys.add(key)
-        report.elements += dest.numel()
+    pairing = Fp8Pairing(fp8, lambda key: _fp8_dest_dtype(key, params, fused_owner, num_hidden_layers, skip, rename))
+    for raw_key, raw_tensor in weights:
+        for key, tensor in pairing.feed(raw_key, raw_tensor):
+            _load_one(key, tensor, params, fused_owner, written, report, num_hidden_layers, tp_rank, tp_size, skip, rename)
+    pairing.finish()
+    report.fp8_dequantized = list(pairing.dequantized)
     missing_params = [n for n, p in params.items() if written[n] != p.numel()]
     if missing_params:
         lines = []
@@ -155,3 +132,69 @@ def load_checkpoint(
         raise CheckpointLoadError(f"{len(missing_params)} parameters not fully loaded:\n  - " + "\n  - ".join(lines))
     report.loaded_params = set(params)
     return report
+
+
+def _param_name(key, target, params, fused_owner, rename) -> str:
+    pname = rename(target.param) if rename else target.param
+    if pname not in params and key in fused_owner:
+        pname = fused_owner[key]
+    return pname
+
+
+def _fp8_dest_dtype(key, params, fused_owner, num_hidden_layers, skip, rename) -> torch.dtype:
+    """The dtype an FP8 weight is dequantized to: its parameter's. An FP8 parameter (vLLM's FP8
+    method) would need the raw bytes and the scale, which this loader does not load."""
+    target = map_checkpoint_key(key, num_hidden_layers)
+    if target is None or (skip is not None and skip(key)):
+        return torch.float32  # a skipped key (MTP, vision off): paired and checked, then reported skipped
+    pname = _param_name(key, target, params, fused_owner, rename)
+    if pname not in params:
+        raise CheckpointLoadError(f"{key}: no parameter {pname!r} in the model (unknown checkpoint key)")
+    dtype = params[pname].dtype
+    if dtype == FP8_DTYPE:
+        raise CheckpointLoadError(
+            f"{key}: parameter {pname} is {FP8_DTYPE} (vLLM's FP8 method); loading raw FP8 weights and their "
+            "block scales into it is not built -- only the dequantizing reference path is"
+        )
+    return dtype
+
+
+def _load_one(key, tensor, params, fused_owner, written, report, num_hidden_layers, tp_rank, tp_size, skip, rename) -> None:
+    if key in report.loaded_keys:
+        raise CheckpointLoadError(f"{key}: appears twice in the checkpoint stream")
+    target = map_checkpoint_key(key, num_hidden_layers)
+    if target is None or (skip is not None and skip(key)):
+        report.skipped_keys.append(key)
+        return
+    pname = _param_name(key, target, params, fused_owner, rename)
+    offset = None
+    if pname not in params:
+        raise CheckpointLoadError(f"{key}: no parameter {pname!r} in the model (unknown checkpoint key)")
+    param = params[pname]
+    dest = param.data
+    fused = getattr(param, "glm5_fused", None)
+    if fused:
+        suffix = key[len(pname.rsplit(".", 2)[0]) + 1 :]
+        offset, rows = fused[suffix]
+        dest = dest.narrow(0, offset, rows)
+    src = _region(dest, tensor, key, param, pname, tp_rank, tp_size)
+    if target.expert is not None:
+        if target.expert >= dest.shape[0]:
+            raise CheckpointLoadError(f"{key}: expert {target.expert} beyond {pname} with {dest.shape[0]} experts")
+        dest = dest[target.expert]
+        half = dest.shape[0] // 2
+        if target.shard == "gate":
+            dest = dest[:half]
+        elif target.shard == "up":
+            dest = dest[half:]
+    if tuple(dest.shape) != tuple(src.shape):
+        raise CheckpointLoadError(
+            f"{key}: checkpoint shape {tuple(tensor.shape)} (as loaded {tuple(src.shape)}) != "
+            f"parameter {pname} region {tuple(dest.shape)}"
+        )
+    dest.copy_(src)
+    written[pname] += dest.numel()
+    if written[pname] > param.numel():
+        raise CheckpointLoadError(f"{key}: {pname} written {written[pname]} elements, it holds {param.numel()}")
+    report.loaded_keys.add(key)
+    report.elements += dest.numel()

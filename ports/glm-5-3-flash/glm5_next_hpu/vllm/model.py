@@ -69,6 +69,7 @@ from ..layers.moe import decoder_mlp
 from ..layers.norm import RMSNorm
 from ..layers.vision import VisionModel
 from ..switches import read_switches
+from .fp8_config import checkpoint_fp8_spec
 from .loader import load_checkpoint
 from .multimodal import (
     Glm5NextDummyInputsBuilder,
@@ -443,6 +444,7 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         # Refuse prefix caching (and anything else the port cannot serve) at construction.
         validate_config(text, tp_size=vllm_config.parallel_config.tensor_parallel_size, prefix_caching=prefix_caching)
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
+        self.fp8_spec = checkpoint_fp8_spec(vllm_config.quant_config)  # block-FP8: dequantized at load (CPU)
         if self.switches.mhc_sinkhorn == "kernel" and current_platform.is_cpu():
             logger.info("GLM5_NEXT_MHC_SINKHORN=kernel on CPU: the TPC kernel's operation order, emulated in PyTorch")
         self.config = hf
@@ -479,6 +481,7 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
             tp_rank=get_tensor_model_parallel_rank(),
             tp_size=get_tensor_model_parallel_world_size(),
             skip=None if vision else (lambda key: key.startswith("model.visual.")),
+            fp8=self.fp8_spec,
         )
         self.load_report = report
         return report.loaded_params

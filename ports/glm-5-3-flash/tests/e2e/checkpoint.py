@@ -4,6 +4,7 @@ kinds, MoE, mHC, the vision tower; and an offline WordLevel tokenizer saved alon
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -138,3 +139,94 @@ def reference_greedy(ref, path, ids: list[int], images: list, new_tokens: int, m
         out = ref.generate(torch.tensor([full]), pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"],
                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     return full, out[0, len(full):].tolist()
+
+
+# ----------------------------------------------------------------------------- block-FP8 variant
+# Which projections the published block-FP8 release stores in FP8 (the rest BF16): the MLA
+# projections q_a / kv_a_proj_with_mqa / q_b / o_proj and the indexer's wk / wq_b, the dense MLP,
+# the shared and the routed experts. KDA projections, kv_b_proj, the indexer's weights_proj, the
+# router, the vision tower, embeddings and lm_head stay BF16 and are listed in
+# modules_to_not_convert (norms, mHC, A_log, conv and biases are not projection weights). Read from
+# the release's handling in vLLM's own GLM-5.3-Flash loader, not from the release's config.json.
+FP8_BLOCK = (16, 16)  # 128 x 128 in the release; scaled down so the tiny shapes (16..256) divide
+_FP8_MLA = re.compile(r"\.self_attn\.(q_a_proj|kv_a_proj_with_mqa|q_b_proj|o_proj|indexer\.wk|indexer\.wq_b)\.weight$")
+_FP8_MLP = re.compile(r"\.mlp\.(gate_proj|up_proj|down_proj|shared_experts\.\w+|experts\.\d+\.\w+)\.weight$")
+
+
+def _mla_layers(cfg) -> set[int]:
+    return {i for i, t in enumerate(cfg.text_config.layer_types) if t != "linear_attention"}
+
+
+def fp8_stored(key: str, cfg) -> bool:
+    """Whether the release stores ``key`` in block FP8."""
+    if not key.startswith("model.language_model.layers."):
+        return False
+    layer = int(key.split(".")[3])
+    if _FP8_MLP.search(key):
+        return True
+    return layer in _mla_layers(cfg) and bool(_FP8_MLA.search(key))
+
+
+def build_fp8(src: Path, dst: Path, cfg, block: tuple[int, int] = FP8_BLOCK) -> dict:
+    """The checkpoint at ``src`` with the FP8-stored projections quantized to e4m3 with per-block
+    inverse scales (``<module>.weight_scale_inv``, fp32), every other tensor unchanged, and
+    config.json's quantization_config; processor and tokenizer files copied. Returns the
+    quantization_config written."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec, quantize_block_fp8
+
+    dst.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    out: dict[str, torch.Tensor] = {}
+    keep: list[str] = []
+    for key, t in tensors.items():
+        if fp8_stored(key, cfg):
+            q, s = quantize_block_fp8(t, block)
+            out[key], out[key + "_scale_inv"] = q, s
+        else:
+            out[key] = t
+            if key.endswith(".weight") and t.dim() == 2:
+                keep.append(key[: -len(".weight")])
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    qc = BlockFp8Spec(block=block, modules_to_not_convert=tuple(sorted(keep))).to_quantization_config()
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = qc
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy(f, dst / f.name)
+    return qc
+
+
+def dequantize_with_transformers(fp8_dir: Path, dst: Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The FP8 checkpoint dequantized by transformers 5.23.0's own ``Fp8Dequantize`` (the op its
+    FP8 integration runs with ``dequantize=True``), written as a plain checkpoint at ``dst`` (no
+    quantization_config). Returns the dequantized tensors by key."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    op = Fp8Dequantize(hf_quantizer=None)
+    tensors = load_file(str(fp8_dir / "model.safetensors"))
+    out, deq = {}, {}
+    for key, t in tensors.items():
+        if key.endswith("_scale_inv"):
+            continue
+        if t.dtype == torch.float8_e4m3fn:
+            t = deq[key] = op._dequantize_one(t, tensors[key + "_scale_inv"], output_dtype=dtype)
+        out[key] = t
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((fp8_dir / "config.json").read_text())
+    config.pop("quantization_config")
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    for f in fp8_dir.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy(f, dst / f.name)
+    return deq

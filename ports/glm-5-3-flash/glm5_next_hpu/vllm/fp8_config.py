@@ -1,0 +1,114 @@
+"""vLLM quantization config of the CPU reference path for block-FP8 GLM-5.3-Flash checkpoints.
+
+Why a config of its own: vLLM 0.26.0's ``Fp8Config`` on CPU builds ``Fp8LinearMethod``, whose only
+CPU kernel (``CPUFp8BlockScaledMMKernel``, W8A16 block GEMM) needs AMX tiles (Sapphire Rapids or
+newer) and K-blocks of 128; elsewhere it stops at layer construction ("Failed to find a kernel that
+can implement the ScaledMM linear layer"). ``Fp8MoEMethod``'s CPU experts (``CPUExpertsFp8``) take
+128-blocks only and plain SiLU (no SwiGLU clamp). ``Fp8Config`` also accepts only bf16/fp16
+activations, so an fp32 run (the port's exact-parity tests) is refused outright.
+
+So on the CPU platform, for a ``glm5_next`` checkpoint whose quantization_config says fp8, the
+plugin's :class:`Glm5NextFp8ReferenceConfig` takes over through vLLM's
+``override_quantization_method`` hook: every linear and MoE layer gets vLLM's *unquantized* method
+(parameters in the model dtype) and the plugin's loader dequantizes each FP8 weight with its block
+scale at load (``fp8.py``). That is a reference path -- BF16/fp32 compute on dequantized weights,
+no FP8 GEMM -- and is logged as such. On other platforms (HPU) it does not claim the checkpoint;
+vLLM's own ``Fp8Config`` is built, and the model refuses it at construction (loading FP8 bytes into
+vLLM's FP8 linear / MoE methods is not built in the plugin).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+
+from .fp8 import BlockFp8Spec
+
+logger = logging.getLogger(__name__)
+
+NAME = "glm5_next_fp8_reference"
+
+
+class Glm5NextFp8ReferenceConfig(QuantizationConfig):
+    def __init__(self, spec: BlockFp8Spec):
+        super().__init__()
+        self.spec = spec
+
+    @classmethod
+    def get_name(cls) -> str:  # a custom method name (vLLM's Literal lists built-ins only)
+        return NAME
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @classmethod
+    def get_config_filenames(cls) -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Glm5NextFp8ReferenceConfig:
+        spec = BlockFp8Spec.from_quantization_config(config)
+        logger.info(
+            "glm5_next_hpu: block-FP8 checkpoint (blocks %s) on CPU: reference path -- each FP8 weight is "
+            "dequantized with its block scale at load; no FP8 kernel runs",
+            list(spec.block),
+        )
+        return cls(spec)
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
+        from vllm.platforms import current_platform
+
+        model_type = getattr(hf_config, "model_type", None)
+        if (
+            current_platform.is_cpu()
+            and model_type == "glm5_next"
+            and isinstance(hf_quant_cfg, dict)
+            and hf_quant_cfg.get("quant_method") == "fp8"
+            and user_quant in (None, "fp8", NAME)
+        ):
+            return NAME
+        return None
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        from vllm.model_executor.layers.fused_moe import RoutedExperts, UnquantizedFusedMoEMethod
+        from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
+        if isinstance(layer, LinearBase):
+            return UnquantizedLinearMethod()
+        if isinstance(layer, RoutedExperts):
+            return UnquantizedFusedMoEMethod(layer.moe_config)
+        return None
+
+
+def register() -> None:
+    """Make the config known to vLLM (idempotent; called by the plugin entry point)."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, register_quantization_config
+
+    if NAME not in QUANTIZATION_METHODS:
+        register_quantization_config(NAME)(Glm5NextFp8ReferenceConfig)
+
+
+def checkpoint_fp8_spec(quant_config) -> BlockFp8Spec | None:
+    """What the model's loader needs from vLLM's quant config: the block-FP8 spec on the reference
+    path, None for an unquantized checkpoint. Any other quant config (vLLM's own ``Fp8Config`` on
+    HPU included) is refused at construction rather than loaded wrongly."""
+    from ..config import UnsupportedConfigError
+
+    if quant_config is None:
+        return None
+    if isinstance(quant_config, Glm5NextFp8ReferenceConfig):
+        return quant_config.spec
+    raise UnsupportedConfigError(
+        f"quantization {quant_config.get_name()!r}: the plugin's layers do not take vLLM's quantized methods yet; "
+        "a block-FP8 checkpoint is served only on CPU, dequantized at load (the reference path). Loading FP8 weights "
+        "into vLLM's FP8 linear/MoE methods (the HPU path) is not built"
+    )
