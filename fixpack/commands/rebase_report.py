@@ -13,7 +13,7 @@ no longer has the defect, whatever the text says. Classes:
   duplicate its change would apply, but the lines it adds are already in the target: upstream
             fixed it in its own place, and applying it would add them twice
   moved     a target file moved or was removed
-  nomatch   an edit's or codemod's place is found 0 times
+  nomatch   an edit's definition or a codemod's place is found 0 times
 A test run is reported beside the class: green (retire), red (the defect is still there:
 carry the fix), or "cannot run" (the new release breaks the test itself; the class is then
 from the text alone).
@@ -101,7 +101,7 @@ def classify(fix, tree: Path, found: dict) -> tuple[str, dict[str, bytes], list[
         changes = kinds.module(fix.kind).apply(fix.dir, sources).outputs
     except ChangeError as exc:
         msg = str(exc)
-        return ("nomatch" if "found 0" in msg or "found it 0" in msg else "conflict"), {}, [msg], ""
+        return ("nomatch" if "found 0" in msg else "conflict"), {}, [msg], ""
     same = all(changes[rel] == sources[rel] for rel in sources)
     return ("upstream" if same else "exact"), ({} if same else changes), ([f"the {fix.kind} changes nothing: the fixed code is already there"] if same else []), ""
 
@@ -239,7 +239,7 @@ def run(args) -> int:
         emit_json({"profile": profile.name, "onto": srcs, "fixes": rows})
         return 0
     print(f"rebase report: profile {profile.name} onto " + ", ".join(f"{k}={v.get('tag') or v.get('version')}" for k, v in srcs.items() if k in dict(x.split('=', 1) for x in args.onto)))
-    labels = {"exact": "applies exactly", "offset": "applies at an offset (refresh)", "conflict": "CONFLICTS", "upstream": "already upstream: retire", "duplicate": "DUPLICATE: upstream has its lines", "moved": "target moved/removed", "nomatch": "edit/codemod place found 0 times"}
+    labels = {"exact": "applies exactly", "offset": "applies at an offset (refresh)", "conflict": "CONFLICTS", "upstream": "already upstream: retire", "duplicate": "DUPLICATE: upstream has its lines", "moved": "target moved/removed", "nomatch": "definition/place found 0 times"}
     for r in rows:
         t = f"  [tests without it: {r['tests']}]" if r["tests"] else ""
         print(f"  {r['fix']:<34} {labels[r['class']]}{t}")

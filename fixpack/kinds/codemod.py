@@ -9,6 +9,7 @@ in the style of LibCST's own codemod commands::
         DESCRIPTION = "A seeded generator drives only its request's first row."
         TARGET = "vllm_gaudi/v1/worker/hpu_input_batch.py"
         PLACES = ("generators argument",)
+        SCOPE = ("make_selective_sampling_metadata",)
 
         @m.call_if_inside(m.FunctionDef(name=m.Name("make_selective_sampling_metadata")))
         @m.leave(m.Arg(keyword=m.Name("generators"), value=m.DictComp()))
@@ -49,11 +50,29 @@ class Codemod(m.MatcherDecoratableTransformer):
     DESCRIPTION: ClassVar[str] = ""
     TARGET: ClassVar[str] = ""  # the file it edits, package/path (a declared target of the fix)
     PLACES: ClassVar[tuple[str, ...]] = ()  # what it changes, one name per place
+    # The functions its places are in (by name; nested functions included). The bodies of all
+    # other functions are not visited: a 400 KB module has thousands of nodes in them, and
+    # matching each costs seconds. Empty: the whole module is visited.
+    SCOPE: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, skip: str | None = None) -> None:
         super().__init__()
         self.found: Counter[str] = Counter()
         self.skip = skip  # a place left as it is (fixpack check: every part necessary)
+        self._inside: list[bool] = []  # per enclosing function: in SCOPE or nested in one
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        descend = super().on_visit(node)
+        if isinstance(node, cst.FunctionDef):
+            inside = not self.SCOPE or node.name.value in self.SCOPE or any(self._inside)
+            self._inside.append(inside)
+            return descend and inside
+        return descend
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
+        if isinstance(original_node, cst.FunctionDef):
+            self._inside.pop()
+        return super().on_leave(original_node, updated_node)
 
     def at(self, place: str, updated: N, new: cst.CSTNode) -> cst.CSTNode:
         """Record that ``place`` was found; give back ``new`` (``updated`` if the place is skipped)."""
@@ -73,9 +92,11 @@ def comment_lines(*comments: str) -> list[cst.EmptyLine]:
 def statements(code: str) -> list[cst.BaseStatement]:
     """Statements parsed from ``code`` (written at column 0), comments above each kept."""
     module = cst.parse_module(code)
-    body = list(module.body)
-    if body and module.header:  # comments before the first statement land in the header
-        body[0] = body[0].with_changes(leading_lines=[*module.header, *body[0].leading_lines])
+    body: list[cst.BaseStatement] = list(module.body)
+    first = body[0] if body else None
+    if isinstance(first, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and module.header:
+        # comments before the first statement land in the module's header: give them back to it
+        body[0] = first.with_changes(leading_lines=[*module.header, *first.leading_lines])
     return body
 
 
@@ -124,7 +145,7 @@ def transform(
 
 
 def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> Applied:
-    where = str(fix_dir / CHANGE_FILE)
+    where = f"{fix_dir.name}/{CHANGE_FILE}"  # the fix's own name, not where this machine keeps it
     classes = load(fix_dir)
     check_declared(
         where, {cls.TARGET for cls in classes}, set(sources), f"{', '.join(c.__name__ for c in classes)} targets"

@@ -16,7 +16,7 @@ def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> 
     patch_file = fix_dir / CHANGE_FILE
     patches = parse_diff(patch_file.read_bytes(), where=str(patch_file))
     check_declared(str(patch_file), {fp.path for fp in patches}, set(sources), "changes")
-    outputs, parts = dict(sources), []
+    outputs, parts = dict(sources), list[str]()
     for fp in patches:
         hunks = []
         for h in fp.hunks:

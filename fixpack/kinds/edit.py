@@ -131,7 +131,7 @@ def replace_once(code: str, edit: Edit, where: str) -> str:
 
 
 def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> Applied:
-    where = str(fix_dir / CHANGE_FILE)
+    where = f"{fix_dir.name}/{CHANGE_FILE}"  # the fix's own name, not where this machine keeps it
     edits = load(fix_dir)
     check_declared(where, {e.target for e in edits}, set(sources), "edits")
     outputs = dict(sources)

@@ -26,6 +26,7 @@ class LayerDecidesItsMarkStep(Codemod):
     DESCRIPTION = "The forward hook marks a step only when the layer's hpu_mark_step (default True) says so."
     TARGET = "vllm_gaudi/v1/worker/hpu_model_runner.py"
     PLACES = (PLACE,)
+    SCOPE = ("modify_model_layers",)
 
     @m.call_if_inside(IN_FN)
     @m.leave(m.SimpleStatementLine(body=[MARK_STEP]))
