@@ -25,7 +25,7 @@ class NoPrefillMergeForHybrid(Codemod):
     DESCRIPTION = "A hybrid (mamba-like) model never merges a prefill into another prefill's batch."
     TARGET = "vllm_gaudi/v1/worker/hpu_model_runner.py"
     PLACES = (PLACE,)
-    SCOPE = ("_can_merge_prefill_contents",)
+    SCOPE = ("HPUModelRunner._can_merge_prefill_contents",)
 
     @m.leave(m.FunctionDef(name=m.Name("_can_merge_prefill_contents")))
     def guard_first(self, original: cst.FunctionDef, updated: cst.FunctionDef):

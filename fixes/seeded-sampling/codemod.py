@@ -28,7 +28,7 @@ class GeneratorForFirstRowOnly(Codemod):
     DESCRIPTION = "A seeded request's generator drives only its own row, not the padded rows repeating it."
     TARGET = "vllm_gaudi/v1/worker/hpu_input_batch.py"
     PLACES = (MAP, ARG)
-    SCOPE = ("make_selective_sampling_metadata",)
+    SCOPE = ("InputBatch.make_selective_sampling_metadata",)
 
     @m.call_if_inside(IN_FN)
     @m.leave(m.Arg(keyword=m.Name("generators"), value=m.DictComp()))

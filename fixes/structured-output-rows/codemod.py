@@ -51,7 +51,7 @@ class SampleRowsByOwner(Codemod):
     )
     TARGET = TARGET
     PLACES = (SAMPLING, LOGPROBS)
-    SCOPE = ("sample_tokens",)
+    SCOPE = ("HPUModelRunner.sample_tokens",)
 
     @m.call_if_inside(IN_SAMPLE)
     @m.leave(run_sampling_with(PROMPT_THEN_DECODE))
@@ -101,7 +101,7 @@ class NoRowForUnfinishedChunk(Codemod):
     DESCRIPTION = "An unfinished prefill chunk gets a logits row only under async scheduling."
     TARGET = TARGET
     PLACES = (UNFINISHED,)
-    SCOPE = ("_extract_prefill_batch_contents",)
+    SCOPE = ("HPUModelRunner._extract_prefill_batch_contents",)
 
     @m.call_if_inside(m.FunctionDef(name=m.Name("_extract_prefill_batch_contents")))
     @m.leave(

@@ -9,7 +9,7 @@ in the style of LibCST's own codemod commands::
         DESCRIPTION = "A seeded generator drives only its request's first row."
         TARGET = "vllm_gaudi/v1/worker/hpu_input_batch.py"
         PLACES = ("generators argument",)
-        SCOPE = ("make_selective_sampling_metadata",)
+        SCOPE = ("InputBatch.make_selective_sampling_metadata",)
 
         @m.call_if_inside(m.FunctionDef(name=m.Name("make_selective_sampling_metadata")))
         @m.leave(m.Arg(keyword=m.Name("generators"), value=m.DictComp()))
@@ -50,29 +50,15 @@ class Codemod(m.MatcherDecoratableTransformer):
     DESCRIPTION: ClassVar[str] = ""
     TARGET: ClassVar[str] = ""  # the file it edits, package/path (a declared target of the fix)
     PLACES: ClassVar[tuple[str, ...]] = ()  # what it changes, one name per place
-    # The functions its places are in (by name; nested functions included). The bodies of all
-    # other functions are not visited: a 400 KB module has thousands of nodes in them, and
-    # matching each costs seconds. Empty: the whole module is visited.
+    # The definitions its places are in, by qualified name (``Class.method``, found with ast
+    # exactly once, as an edit's ``in``). Only they are parsed and visited: libcst takes seconds
+    # to parse a 400 KB module and well under one for a method. Empty: the whole module.
     SCOPE: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, skip: str | None = None) -> None:
         super().__init__()
         self.found: Counter[str] = Counter()
         self.skip = skip  # a place left as it is (fixpack check: every part necessary)
-        self._inside: list[bool] = []  # per enclosing function: in SCOPE or nested in one
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        descend = super().on_visit(node)
-        if isinstance(node, cst.FunctionDef):
-            inside = not self.SCOPE or node.name.value in self.SCOPE or any(self._inside)
-            self._inside.append(inside)
-            return descend and inside
-        return descend
-
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        if isinstance(original_node, cst.FunctionDef):
-            self._inside.pop()
-        return super().on_leave(original_node, updated_node)
 
     def at(self, place: str, updated: N, new: cst.CSTNode) -> cst.CSTNode:
         """Record that ``place`` was found; give back ``new`` (``updated`` if the place is skipped)."""
@@ -123,25 +109,77 @@ def load(fix_dir: Path) -> list[type[Codemod]]:
     return found
 
 
+def _parse(code: str, what: str) -> cst.Module:
+    try:
+        return cst.parse_module(code)
+    except cst.ParserSyntaxError as exc:
+        raise ChangeError(f"{what} does not parse: {exc.message} at line {exc.raw_line}") from exc
+
+
+def _scope_spans(cls: type[Codemod], rel: str, text: str, where: str) -> list[tuple[int, int]]:
+    """Where each definition of ``cls.SCOPE`` sits in ``text`` (character offsets, bottom first)."""
+    import ast
+
+    from fixpack.kinds.edit import definitions, line_starts
+
+    try:
+        defs = definitions(ast.parse(text))
+    except SyntaxError as exc:
+        raise ChangeError(f"{rel} does not parse: {exc.msg} at line {exc.lineno}") from exc
+    starts = line_starts(text)
+    spans = []
+    for qualname in cls.SCOPE:
+        found = defs.get(qualname, [])
+        if len(found) != 1:
+            raise ChangeError(
+                f"{where}: {cls.__name__}: {qualname} in {rel}: expected exactly one definition, found {len(found)}"
+            )
+        node = found[0]
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        spans.append((starts[first - 1], min(starts[node.end_lineno], len(text))))
+    return sorted(spans, reverse=True)
+
+
+def _visit_definition(inst: Codemod, code: str, what: str) -> str:
+    """A definition's text (its lines, as they sit in the file) through the transformer. A
+    method is parsed under ``class _:`` headers, one per level, so that no line of it (nor of
+    a string in it) moves; what comes back is its text again, the headers taken off."""
+    indent = len(code) - len(code.lstrip(" "))
+    if indent % 4 or code[indent] == "\t":
+        raise ChangeError(
+            f"{what} is indented by {indent} spaces or a tab; a codemod SCOPE takes 4-space levels (leave SCOPE empty)"
+        )
+    header = "".join(" " * level + "class _:\n" for level in range(0, indent, 4))
+    ends_file = not code.endswith("\n")
+    module = _parse(header + code + ("\n" if ends_file else ""), what)
+    out = module.visit(inst).code
+    if not out.startswith(header):
+        raise ChangeError(f"{what}: the codemod changed code outside its SCOPE")
+    out = out[len(header) :]
+    return out[:-1] if ends_file and out.endswith("\n") else out
+
+
 def transform(
     classes: list[type[Codemod]], rel: str, source: str, skip: tuple[type, str] | None = None, where: str = ""
 ) -> str:
-    """``source`` with every codemod aimed at ``rel`` run over it, in order, each place found once."""
-    try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
-        raise ChangeError(f"{rel} does not parse: {exc.message} at line {exc.raw_line}") from exc
+    """``source`` with every codemod aimed at ``rel`` run over it, in order, each place found once.
+    A codemod with a SCOPE sees only those definitions; one without sees the whole module."""
+    text = source
     for cls in classes:
         if cls.TARGET != rel:
             continue
         inst = cls(skip=skip[1] if skip and skip[0] is cls else None)
-        module = module.visit(inst)
+        if cls.SCOPE:
+            for begin, end in _scope_spans(cls, rel, text, where):
+                text = text[:begin] + _visit_definition(inst, text[begin:end], f"{rel} ({cls.__name__})") + text[end:]
+        else:
+            text = _parse(text, rel).visit(inst).code
         for place in cls.PLACES:
             if inst.found[place] != 1:
                 raise ChangeError(
                     f"{where}: {cls.__name__}: {place} in {rel}: expected exactly one place, found {inst.found[place]}"
                 )
-    return module.code
+    return text
 
 
 def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> Applied:

@@ -72,6 +72,21 @@ def load(fix_dir: Path) -> list[Edit]:
     return edits
 
 
+def definitions(tree: ast.Module) -> dict[str, list]:
+    """Every class and function of a module by qualified name (several: a name defined twice)."""
+    out: dict[str, list] = {}
+    _defs(tree.body, "", out)
+    return out
+
+
+def line_starts(text: str) -> list[int]:
+    """The offset of each line's first character (ast numbers lines from 1), and the end."""
+    starts = [0]
+    for line in text.split("\n"):
+        starts.append(starts[-1] + len(line) + 1)
+    return starts
+
+
 def _defs(body: list, prefix: str, out: dict[str, list]) -> None:
     """Every class and function by qualified name, through class bodies and if/else blocks
     (definitions under ``if TYPE_CHECKING:`` or a version guard keep their plain names)."""
@@ -143,8 +158,7 @@ def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> 
             tree = ast.parse(text)
         except SyntaxError as exc:
             raise ChangeError(f"{rel} does not parse: {exc.msg} at line {exc.lineno}") from exc
-        defs: dict[str, list] = {}
-        _defs(tree.body, "", defs)
+        defs = definitions(tree)
         spans: dict[str, tuple[int, int]] = {}
         for _, e in mine:
             matches = defs.get(e.qualname, [])
@@ -158,9 +172,7 @@ def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> 
         for (qa, a), (qb, b) in zip(ordered, ordered[1:], strict=False):
             if b[0] <= a[1]:
                 raise ChangeError(f"{where}: {qa} and {qb} in {rel} overlap; edit the inner one only")
-        starts = [0]  # the offset of each line's first character (ast numbers lines from 1)
-        for line in text.split("\n"):
-            starts.append(starts[-1] + len(line) + 1)
+        starts = line_starts(text)
         # bottom first, so that the offsets of the definitions above stay true
         for qualname, (first, last) in sorted(spans.items(), key=lambda s: s[1], reverse=True):
             begin, end = starts[first - 1], min(starts[last], len(text))  # with the last line's newline

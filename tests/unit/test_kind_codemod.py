@@ -100,3 +100,22 @@ def test_a_module_without_a_codemod_or_its_declarations_is_refused(tmp_path):
 def test_a_target_the_fix_does_not_declare_is_refused(tmp_path):
     with pytest.raises(PermissionError, match="pkg/t.py, which fix.yaml does not declare"):
         codemod.apply(fix(tmp_path), {"pkg/other.py": SRC.encode()})
+
+
+def test_a_scope_is_all_the_codemod_sees_and_must_exist_once(tmp_path):
+    d = fix(tmp_path, fn="f|h")
+    text = (d / "codemod.py").read_text().replace("m.Name('f|h')", "m.Name('f') | m.Name('h')")
+    (d / "codemod.py").write_text(
+        text.replace(
+            '    PLACES = ("g\'s second argument",)\n', '    PLACES = ("g\'s second argument",)\n    SCOPE = ("A.h",)\n'
+        )
+    )
+    assert run(d) == SRC.replace("return g(1, 2)\n", "return g(1, 3)\n").replace("return g(1, 3)", "return g(1, 2)", 1)
+    (d / "codemod.py").write_text(
+        text.replace(
+            '    PLACES = ("g\'s second argument",)\n',
+            '    PLACES = ("g\'s second argument",)\n    SCOPE = ("A.nope",)\n',
+        )
+    )
+    with pytest.raises(ChangeError, match="A.nope in pkg/t.py: expected exactly one definition, found 0"):
+        run(d)
