@@ -94,8 +94,11 @@ def _run_job(job: dict) -> dict:
 def serve() -> int:
     # Imported once here so that no fix's process pays for them; nothing else is imported.
     import unidiff  # noqa: F401
+    import yaml  # noqa: F401 - an edit's edits.yaml
 
     import fixpack.diffpatch  # noqa: F401
+    import fixpack.kinds.diff  # noqa: F401
+    import fixpack.kinds.edit  # noqa: F401
     import fixpack.landlock  # noqa: F401 - ctypes, for each child's confinement
     import fixpack.worker  # noqa: F401
 
@@ -107,9 +110,6 @@ def serve() -> int:
             # libcst only once a codemod comes (a diff or an edit never needs it), then once
             # for all the codemods after it
             import fixpack.kinds.codemod  # noqa: F401
-        else:
-            import fixpack.kinds.diff  # noqa: F401
-            import fixpack.kinds.edit  # noqa: F401
         reply = _run_job(job)
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
