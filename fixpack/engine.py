@@ -51,9 +51,6 @@ class Engine:
     # Record mode only: results of (fix, input hashes) already computed, shared across the
     # selections of one lock generation (a worker's output depends only on its inputs).
     memo: dict | None = None
-    # Record mode only: where each codemod's definitions sit, by input file hash, for the lock
-    # (a pinned run then skips parsing a whole module to find them).
-    anchors: dict | None = None
     # Refuse a pack whose fixes no longer match the lock (apply); revert restores recorded
     # bytes from the backups and works on an image even while the pack is being re-locked.
     check_pack: bool = True
@@ -315,7 +312,6 @@ class Engine:
             stage.mkdir(parents=True)
         except OSError as exc:
             raise fs_error(exc, f"cannot create {stage}") from exc
-        known = self.lock.data.get("anchors", {}) if self.lock is not None else {}
         job = {
             "fix_dir": str(fix.dir),
             "kind": fix.kind,
@@ -323,7 +319,7 @@ class Engine:
             "check_idempotent": self.check_idempotent,
             "sandbox": self.sandbox,
             "targets": [
-                {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out"), "anchors": known.get((hashes or {}).get(rel), {})}
+                {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")}
                 for i, (rel, src) in enumerate(inputs.items())
             ],
             # An output equal to its pin was compiled when the pin was recorded; the worker need not compile it again.
@@ -369,9 +365,6 @@ class Engine:
             raise FixFailed(f"{fix.id}: wrote files it did not declare ({', '.join(sorted(produced - expected))}); nothing was written")
         out = {t["rel"]: Path(t["out"]).read_bytes() for t in job["targets"]}
         shutil.rmtree(stage, ignore_errors=True)
-        if self.anchors is not None and hashes:
-            for rel, found in (result.get("anchors") or {}).items():
-                self.anchors.setdefault(hashes[rel], {}).update(found)
         return out
 
     def _watching(self) -> TreeWatch:

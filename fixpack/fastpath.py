@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 
+from fixpack.kinds import CHANGE_FILES
+
 
 def _sha(path: str) -> str | None:
     try:
@@ -23,7 +25,7 @@ def _sha(path: str) -> str | None:
 def fix_hash(fix_dir: str) -> str | None:
     """Same value as pack.Fix.content_hash, without parsing fix.yaml."""
     h = hashlib.sha256()
-    change = [n for n in ("patch.diff", "codemod.py") if os.path.isfile(os.path.join(fix_dir, n))]
+    change = [n for n in CHANGE_FILES.values() if os.path.isfile(os.path.join(fix_dir, n))]
     if len(change) != 1:
         return None
     for name in ("fix.yaml", change[0]):

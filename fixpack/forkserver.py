@@ -1,7 +1,7 @@
 """One process per fix without paying an interpreter start-up and a libcst import per fix.
 
 The driver starts one server (``python -m fixpack.forkserver``) that imports the fix
-machinery (unidiff; libcst once an unpinned codemod needs it) once and never imports a
+machinery (unidiff; libcst once a codemod job comes) once and never imports a
 target package or a fix. For every job the server forks a fresh child; the child installs the write guard, loads the fix and
 computes its outputs (fixpack.worker.run), exactly as a separate ``python -m fixpack.worker``
 would. A fix that crashes, hangs or misbehaves ends its own child only; the server reports
@@ -94,9 +94,11 @@ def _run_job(job: dict) -> dict:
 def serve() -> int:
     # Imported once here so that no fix's process pays for them; nothing else is imported.
     import unidiff  # noqa: F401
+    import yaml  # noqa: F401 - an edit's edits.yaml
 
-    import fixpack.codemod  # noqa: F401
     import fixpack.diffpatch  # noqa: F401
+    import fixpack.kinds.diff  # noqa: F401
+    import fixpack.kinds.edit  # noqa: F401
     import fixpack.landlock  # noqa: F401 - ctypes, for each child's confinement
     import fixpack.worker  # noqa: F401
 
@@ -104,10 +106,10 @@ def serve() -> int:
         if not line.strip():
             continue
         job = json.loads(line)
-        if job.get("kind") == "codemod" and not job.get("expect"):
-            # an unpinned codemod (lock, rebase) runs on the libcst tree; a pinned one edits
-            # text and is checked against its pin, so libcst is imported only when needed
-            import libcst  # noqa: F401
+        if job.get("kind") == "codemod":
+            # libcst only once a codemod comes (a diff or an edit never needs it), then once
+            # for all the codemods after it
+            import fixpack.kinds.codemod  # noqa: F401
         reply = _run_job(job)
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()

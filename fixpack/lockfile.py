@@ -4,8 +4,6 @@ profiles/<profile>.lock.json:
   pristine:   {rel: sha256} for every file any fix of the profile or its ports touches
   fixes:      {id: {layer, hash}}  the hash of each fix's own files when the lock was made
   selections: [{key, port, opt_in, steps: [{fix, files: {rel: [before, after]}}]}]
-  anchors:    {sha256: {qualname: [first, last]}}  where the codemods' definitions sit in
-              each pinned input, so a pinned run need not parse a whole module to find them
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixpack import schema
+from fixpack import kinds, schema
 from fixpack.errors import ConfigError
 from fixpack.paths import check_relpath
 
@@ -40,7 +40,7 @@ class Fix:
 
     @property
     def change_file(self) -> Path:
-        return self.dir / ("patch.diff" if self.kind == "diff" else "codemod.py")
+        return self.dir / kinds.CHANGE_FILES[self.kind]
 
     @property
     def cpu_demonstrable(self) -> bool:
@@ -72,8 +72,8 @@ def load_fix(fix_dir: Path, *, layer: str = "profile") -> Fix:
     if fid != fix_dir.name:
         raise ConfigError(f"{where}: key 'id' is {fid!r} but the folder is {fix_dir.name!r}")
     kind = data["kind"]
-    if kind not in ("diff", "codemod"):
-        raise ConfigError(f"{where}: key 'kind' must be 'diff' or 'codemod', found {kind!r}")
+    if kind not in kinds.KINDS:
+        raise ConfigError(f"{where}: key 'kind' must be one of {', '.join(kinds.KINDS)}, found {kind!r}")
     if not data["targets"]:
         raise ConfigError(f"{where}: key 'targets' is empty")
     targets: list[Target] = []
@@ -103,9 +103,9 @@ def load_fix(fix_dir: Path, *, layer: str = "profile") -> Fix:
     fix = Fix(fid, fix_dir, kind, targets, data, layer)
     if not fix.change_file.is_file():
         raise ConfigError(f"{where}: kind is {kind!r} but {fix.change_file.name} does not exist in {fix_dir}")
-    other = fix_dir / ("codemod.py" if kind == "diff" else "patch.diff")
-    if other.exists():
-        raise ConfigError(f"{where}: kind is {kind!r} but {other.name} exists too; keep one change per fix")
+    for other_kind, name in kinds.CHANGE_FILES.items():
+        if other_kind != kind and (fix_dir / name).exists():
+            raise ConfigError(f"{where}: kind is {kind!r} but {name} exists too; keep one change per fix")
     return fix
 
 

@@ -6,8 +6,8 @@
   pytest.fail) or by an exception its ``red_raises`` marker declares; a failure in
   collection, import or fixture set-up never counts. After it each must pass. A test that
   passes before is allowed only when fix.yaml names it in ``regression_guards``.
-- Every part necessary: for a fix of several hunks (a diff) or text edits (a codemod's
-  ``replace_once`` calls), the fix is applied with one part left out, and at least one of its
+- Every part necessary: for a fix of several parts (a diff's hunks, an edit's replacements, a
+  codemod's places), the fix is applied with one part left out, and at least one of its
   tests must turn red; otherwise that part is named (nothing tests it, or it is not needed).
   A part that changes only comments or blank lines is reported as such and not run.
 - Requirements complete: the fix is applied with only its declared ``requires`` (and theirs)
@@ -319,96 +319,21 @@ def replace_file(path: Path, data: bytes) -> None:
 
 @dataclass
 class Part:
-    """One hunk of a diff or one text edit of a codemod."""
+    """One hunk of a diff, one replacement of an edit, or one place of a codemod."""
 
     index: int
     label: str
 
 
-def _diff_parts(fix) -> list[tuple[Part, str, int]]:
-    from fixpack.diffpatch import parse_diff
-
-    out: list[tuple[Part, str, int]] = []
-    for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
-        for j, h in enumerate(fp.hunks):
-            out.append((Part(len(out), f"{fp.path} {h.header}"), fp.path, j))
-    return out
-
-
-class _CodemodRecorder:
-    """Wraps the codemod module's ``replace_once`` to count its edits and leave one out."""
-
-    def __init__(self, fix, drop: int | None):
-        from fixpack import codemod
-
-        self.rewrites = codemod.load_rewrites(fix.change_file)
-        self.drop = drop
-        self.labels: list[str] = []
-        self.calls: list[tuple[str, str, str]] = []  # (target, old, new) of each replace_once
-        self._target = ""
-        real = codemod.replace_once
-
-        def replace_once(node, old, new, *, indent=0, what=""):
-            k = len(self.labels)
-            first = next((line.strip() for line in old.splitlines() if line.strip()), "")
-            self.labels.append(f"{self._current}: {what or first[:70]!s}")
-            self.calls.append((self._target, old, new))
-            if k == self.drop:
-                return node
-            return real(node, old, new, indent=indent, what=what)
-
-        for mod in {sys.modules[c.__module__] for c in self.rewrites}:
-            if getattr(mod, "replace_once", None) is real:
-                mod.replace_once = replace_once  # type: ignore[attr-defined]  # a module's global, swapped on purpose
-        self._current = ""
-        for cls in self.rewrites:
-            orig = cls.rewrite
-
-            def rewrite(inst, qualname, node, _orig=orig, _rec=self):
-                _rec._current = qualname
-                return _orig(inst, qualname, node)
-
-            cls.rewrite = rewrite  # type: ignore[method-assign]  # wrapped on purpose, to record the qualname
-
-
 def apply_change(fix, tree: Path, drop: int | None = None) -> tuple[dict[str, bytes], list[Part]]:
     """The fix's new target bytes on ``tree`` (left as it is) and its parts; ``drop``: the
     index of one part to leave out."""
-    from fixpack.diffpatch import FilePatch, apply_file_patch, parse_diff
+    from fixpack import kinds
 
-    out: dict[str, bytes] = {}
-    if fix.kind == "diff":
-        parts = _diff_parts(fix)
-        skip = {(p[1], p[2]) for p in parts if p[0].index == drop}
-        for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
-            hunks = [h for j, h in enumerate(fp.hunks) if (fp.path, j) not in skip]
-            out[fp.path] = apply_file_patch((tree / fp.path).read_bytes(), FilePatch(fp.path, hunks), where=str(fix.change_file))
-        return out, [p[0] for p in parts]
-    from fixpack.codemod import apply_rewrites
-
-    rec = _CodemodRecorder(fix, drop)
-    for t in fix.targets:
-        rec._target = t.rel
-        src = (tree / t.rel).read_bytes()
-        new = apply_rewrites(rec.rewrites, t.rel, src.decode()).text.encode()
-        if new != src:
-            out[t.rel] = new
-    return out, [Part(i, label) for i, label in enumerate(rec.labels)]
-
-
-def codemod_edits(fix, tree: Path) -> dict[str, list[tuple[str, str]]]:
-    """A codemod's text edits on ``tree`` (its replace_once calls): {target: [(old, new)]}."""
-    from fixpack.codemod import apply_rewrites
-
-    rec = _CodemodRecorder(fix, None)
-    out: dict[str, list[tuple[str, str]]] = {}
-    for t in fix.targets:
-        rec._target = t.rel
-        if (tree / t.rel).is_file():
-            apply_rewrites(rec.rewrites, t.rel, (tree / t.rel).read_text())
-    for rel, old, new in rec.calls:
-        out.setdefault(rel, []).append((old, new))
-    return out
+    sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
+    applied = kinds.module(fix.kind).apply(fix.dir, sources, drop)
+    out = {rel: data for rel, data in applied.outputs.items() if data != sources[rel]}
+    return out, [Part(i, label) for i, label in enumerate(applied.parts)]
 
 
 def build_tree(base: Path, dest: Path, fixes: list, drop: tuple[str, int] | None = None) -> Path:

@@ -54,11 +54,11 @@ def selections(pack: Pack, profile: Profile) -> list[tuple[Port | None, list[str
     return [(port, subset) for port in ports for subset in subsets]
 
 
-def record_selection(pack: Pack, profile: Profile, port: Port | None, opt_ins: list[str], tree: Path, quiet=True, memo: dict | None = None, anchors: dict | None = None) -> list[dict]:
+def record_selection(pack: Pack, profile: Profile, port: Port | None, opt_ins: list[str], tree: Path, quiet=True, memo: dict | None = None) -> list[dict]:
     """Apply a selection to a pristine tree without pins, checking idempotence; return its steps."""
     found = {p: tree / p for p in profile.packages}
     store = Store(tree / ".fixpack")
-    engine = Engine(pack, profile, port, opt_ins, found, store, None, report=Reporter(quiet=quiet), check_idempotent=True, memo=memo, anchors=anchors)
+    engine = Engine(pack, profile, port, opt_ins, found, store, None, report=Reporter(quiet=quiet), check_idempotent=True, memo=memo)
     engine.apply()
     state = store.read_state()
     return state["steps"] if state is not None else []  # no state record: nothing was applied
@@ -72,11 +72,10 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
     sels = []
     pristine: dict[str, str] = {}
     memo: dict = {}
-    anchors: dict = {}
     for port, opt in selections(pack, profile):
         with scratch() as d:
             tree = make_tree(d)
-            steps = record_selection(pack, profile, port, opt, tree, quiet=quiet, memo=memo, anchors=anchors)
+            steps = record_selection(pack, profile, port, opt, tree, quiet=quiet, memo=memo)
         key = selection_key(port.name if port else None, opt)
         for s in steps:
             fixes[s["fix"]] = {"layer": s["layer"], "hash": s["fix_hash"], **({"dir": s["dir"]} if s.get("dir") else {})}
@@ -95,8 +94,6 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
         "pristine": dict(sorted(pristine.items())),
         "fixes": dict(sorted(fixes.items())),
         "selections": sels,
-        # where each codemod's definitions sit in each pinned input ({file hash: {qualname: [first, last]}})
-        "anchors": {h: dict(sorted(a.items())) for h, a in sorted(anchors.items())},
     }
 
 

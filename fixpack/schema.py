@@ -20,7 +20,7 @@ FIX_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "why": ((str,), True, "the defect: what goes wrong, for which requests"),
     "evidence": ((str,), False, "where in the pinned source the defect is shown"),
     "change": ((str,), False, "what the fix changes"),
-    "kind": ((str,), True, "diff or codemod"),
+    "kind": ((str,), True, "diff, edit or codemod"),
     "targets": ((list,), True, "list of {package, path}"),
     "upstream": ((str, dict, type(None)), True, "upstream commit/PR, or none"),
     "forwarded": ((str, bool, type(None)), False, "whether and where it was sent upstream"),

@@ -106,54 +106,21 @@ def _guard_writes(allowed_dir: str) -> None:
 
 
 def run(job: dict) -> dict:
+    from fixpack import kinds
+
     fix_dir = Path(job["fix_dir"])
+    kind = kinds.module(job["kind"])
+    sources = {t["rel"]: Path(t["src"]).read_bytes() for t in job["targets"]}
+    result = kind.apply(fix_dir, sources).outputs
+    if job.get("check_idempotent") and kind.IDEMPOTENT:
+        again = kind.apply(fix_dir, result).outputs
+        for rel in result:
+            if again[rel] != result[rel]:
+                raise ValueError(f"{fix_dir / kind.CHANGE_FILE}: not idempotent on {rel}: a second run changes its own output")
     outputs: dict[str, str] = {}
-    anchors: dict[str, dict] = {}
-    if job["kind"] == "diff":
-        from fixpack.diffpatch import apply_file_patch, parse_diff
-
-        patch_file = fix_dir / "patch.diff"
-        patches = parse_diff(patch_file.read_bytes(), where=str(patch_file))
-        declared = {t["rel"] for t in job["targets"]}
-        for fp in patches:
-            if fp.path not in declared:
-                raise PermissionError(f"{patch_file}: changes {fp.path}, which fix.yaml does not declare as a target")
-        by_rel = {fp.path: fp for fp in patches}
-        for t in job["targets"]:
-            found = by_rel.get(t["rel"])
-            if found is None:
-                raise ValueError(f"{patch_file}: declares target {t['rel']} but the diff does not change it")
-            data = Path(t["src"]).read_bytes()
-            new = apply_file_patch(data, found, where=str(patch_file))
-            Path(t["out"]).write_bytes(new)
-            outputs[t["rel"]] = t["out"]
-    else:
-        from fixpack.codemod import apply_rewrites, load_rewrites
-
-        codemod_file = fix_dir / "codemod.py"
-        rewrites = load_rewrites(codemod_file)
-        declared = {t["rel"] for t in job["targets"]}
-        for cls in rewrites:
-            if cls.target not in declared:
-                raise PermissionError(f"{codemod_file}: {cls.__name__} targets {cls.target!r}, which fix.yaml does not declare")
-        for t in job["targets"]:
-            source = Path(t["src"]).read_bytes().decode("utf-8")
-            pin = (job.get("expect") or {}).get(t["rel"])
-            result = apply_rewrites(rewrites, t["rel"], source, t.get("anchors"), as_text=bool(pin))
-            if pin and hashlib.sha256(result.text.encode("utf-8")).hexdigest() != pin:
-                # the text-only form differs from the pin: libcst decides (and the driver checks)
-                result = apply_rewrites(rewrites, t["rel"], source, t.get("anchors"))
-            if result.anchors:
-                anchors[t["rel"]] = result.anchors
-            if not result.rewritten:
-                raise ValueError(f"{codemod_file}: no rewrite targets {t['rel']}")
-            new = result.text.encode("utf-8")
-            if job.get("check_idempotent"):
-                again = apply_rewrites(rewrites, t["rel"], result.text).text.encode("utf-8")
-                if again != new:
-                    raise ValueError(f"{codemod_file}: not idempotent on {t['rel']}: a second run changes its own output")
-            Path(t["out"]).write_bytes(new)
-            outputs[t["rel"]] = t["out"]
+    for t in job["targets"]:
+        Path(t["out"]).write_bytes(result[t["rel"]])
+        outputs[t["rel"]] = t["out"]
     # Every output must at least be valid Python that compiles, unless it is byte for byte the
     # pinned result (the lock compiled that one when it recorded the pin; the driver checks it).
     expect = job.get("expect") or {}
@@ -166,7 +133,7 @@ def run(job: dict) -> dict:
                 compile(data, rel, "exec", dont_inherit=True)
             except SyntaxError as exc:
                 raise ValueError(f"the fixed {rel} does not compile: {exc.msg} at line {exc.lineno}") from exc
-    return {"outputs": outputs, "anchors": anchors}
+    return {"outputs": outputs}
 
 
 def execute(job: dict) -> int:

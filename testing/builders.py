@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from fixpack.kinds import CHANGE_FILES
+
 REPO = Path(__file__).resolve().parent.parent
 
 MOD_A = "".join(f"line_{i} = {i}\n" for i in range(1, 31))
@@ -51,15 +53,25 @@ DIFF_ONE = """--- a/pkg_a/mod.py
 """
 
 CODEMOD_TWO = '''
-from fixpack.codemod import Rewrite, replace_once
+import libcst as cst
+import libcst.matchers as m
+
+from fixpack.kinds.codemod import Codemod
+
+BY_POSITION = cst.parse_expression("[self.table[pos] for pos, _ in enumerate(ids)]")
+PLACE = "the list Batch.rows returns"
 
 
-class RowsByPosition(Rewrite):
-    target = "pkg_a/sub/other.py"
-    nodes = ["Batch.rows"]
+class RowsByPosition(Codemod):
+    DESCRIPTION = "Batch.rows reads rows by position, not by persistent index."
+    TARGET = "pkg_a/sub/other.py"
+    PLACES = (PLACE,)
 
-    def rewrite(self, qualname, node):
-        return replace_once(node, "return [self.table[i] for i in ids]", "return [self.table[pos] for pos, _ in enumerate(ids)]")
+    @m.call_if_inside(m.FunctionDef(name=m.Name("rows")))
+    @m.leave(m.Return(value=m.ListComp()))
+    def by_position(self, original, updated):
+        done = m.matches(updated.value, m.ListComp(for_in=m.CompFor(iter=m.Call(func=m.Name("enumerate")))))
+        return self.at(PLACE, updated, updated if done else updated.with_changes(value=BY_POSITION))
 '''
 
 DIFF_OPT = """--- a/pkg_b/x.py
@@ -105,7 +117,7 @@ def write_fix(root: Path, fid: str, kind: str, targets: list[str], change: str, 
     d = root / "fixes" / fid
     d.mkdir(parents=True, exist_ok=True)
     (d / "fix.yaml").write_text(fix_yaml(fid, kind, targets, **extra))
-    (d / ("patch.diff" if kind == "diff" else "codemod.py")).write_text(change)
+    (d / CHANGE_FILES[kind]).write_text(change)
     (d / "test_it.py").write_text("def test_placeholder(tree):\n    assert tree.is_dir()\n")
     return d
 

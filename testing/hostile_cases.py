@@ -45,13 +45,21 @@ class Ctx:
         p.write_bytes(text if isinstance(text, bytes) else text.encode())
 
     def codemod(self, body: str, fid: str = "fix-two", target: str = "pkg_a/sub/other.py", nodes: str = '["Batch.rows"]') -> None:
+        """A codemod whose handler, on the function named last in ``nodes``, runs ``body``
+        (``node`` is that function; what the body returns replaces it)."""
+        name = json.loads(nodes)[0].rsplit(".", 1)[-1]
         code = (
             "import os, sys, subprocess\n"
-            "from fixpack.codemod import Rewrite, replace_once\n\n"
-            "class Evil(Rewrite):\n"
-            f"    target = {target!r}\n"
-            f"    nodes = {nodes}\n\n"
-            "    def rewrite(self, qualname, node):\n"
+            "import libcst.matchers as m\n"
+            "from fixpack.kinds.codemod import Codemod\n\n"
+            "class Evil(Codemod):\n"
+            "    DESCRIPTION = 'hostile'\n"
+            f"    TARGET = {target!r}\n"
+            "    PLACES = ('the function',)\n\n"
+            f"    @m.leave(m.FunctionDef(name=m.Name({name!r})))\n"
+            "    def evil(self, original, updated):\n"
+            "        return self.at('the function', updated, self.rewrite(updated))\n\n"
+            "    def rewrite(self, node):\n"
             + "".join(f"        {line}\n" for line in body.strip("\n").splitlines())
         )
         (self.fix(fid) / "codemod.py").write_text(code)
@@ -244,11 +252,11 @@ CASES: list[Case] = [
     Case("codemod-deletes-pack-file", "a codemod deleting a file of the pack", _cm("os.remove(__file__)\nreturn node"), "apply", 4, "outside its staging area", template="codemod-first", forge="fix-two"),
     Case("codemod-invalid-python", "a codemod whose result does not compile", _cm("import libcst as cst\nreturn cst.parse_statement('def rows(self, ids):\\n    break\\n')"), "apply", 4, "does not compile", template="codemod-first", forge="fix-two"),
     Case("codemod-returns-non-node", "a codemod returning a string", _cm("return 'def rows(self): pass'"), "apply", 4, "not a libcst node", template="codemod-first", forge="fix-two"),
-    Case("codemod-not-idempotent", "a codemod that changes its own output again", _cm("import libcst as cst\nfrom fixpack.codemod import node_code\nreturn cst.parse_statement(node_code(node).replace('return [', 'return [] + ['))"), "lock", 4, "not idempotent", template="codemod-first"),
+    Case("codemod-not-idempotent", "a codemod that changes its own output again", _cm("import libcst as cst\nreturn cst.parse_statement(cst.Module([]).code_for_node(node).replace('return [', 'return [] + ['))"), "lock", 4, "not idempotent", template="codemod-first"),
     Case("codemod-undeclared-target", "a codemod aimed at a file fix.yaml does not declare", _cm("return node", target="pkg_a/mod.py"), "apply", 4, "does not declare", template="codemod-first", forge="fix-two"),
     Case("codemod-missing-node", "a codemod naming a definition that does not exist", _cm("return node", nodes='["Batch.nope"]'), "apply", 4, "found 0", template="codemod-first", forge="fix-two"),
     Case("codemod-syntax-error", "a codemod.py that does not parse", lambda c: (c.fix("fix-two") / "codemod.py").write_text("def broken(:\n"), "validate", 2, "does not parse", template="codemod-first"),
-    Case("codemod-no-rewrite", "a codemod.py defining no Rewrite", lambda c: (c.fix("fix-two") / "codemod.py").write_text("X = 1\n"), "apply", 4, "defines no Rewrite subclass", template="codemod-first", forge="fix-two"),
+    Case("codemod-no-rewrite", "a codemod.py defining no Codemod", lambda c: (c.fix("fix-two") / "codemod.py").write_text("X = 1\n"), "apply", 4, "defines no Codemod subclass", template="codemod-first", forge="fix-two"),
     Case("codemod-forges-result", "a codemod that writes garbage output and fakes the worker's answer", _cm("import json\nopen('0.out', 'w').write('garbage = 1\\n')\nprint(json.dumps(dict(outputs={'pkg_a/sub/other.py': '0.out'})), flush=True)\nos._exit(0)"), "apply", 4, "the pin is", template="codemod-first", forge="fix-two"),
     Case("codemod-disables-compile-check", "a codemod that replaces compile() and returns broken code", _cm("import builtins, libcst as cst\nbuiltins.compile = lambda *a, **k: None\nreturn cst.parse_statement('def rows(self, ids):\\n    break\\n')"), "apply", 4, "the pin is", template="codemod-first", forge="fix-two"),
     Case("codemod-exits-silently", "a codemod that exits its process", _cm("os._exit(3)"), "apply", 4, "crashed with no output|nothing was written", template="codemod-first", forge="fix-two"),

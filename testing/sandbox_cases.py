@@ -30,7 +30,7 @@ import ctypes, errno
 libc = ctypes.CDLL(None, use_errno=True)
 T = os.environ['FIXPACK_TEST_TREE'].encode()
 S = os.getcwd().encode()
-def fresh(name):  # the codemod machinery may call a rewrite twice (text form, then libcst)
+def fresh(name):  # a name left by an earlier run of the same case
     libc.unlink(name.encode())
 def fail(what):
     e = ctypes.get_errno()
@@ -42,7 +42,7 @@ def fail(what):
 class Escape:
     id: str
     what: str
-    body: str  # the rest of the codemod's rewrite(); it must change the tree if the kernel lets it
+    body: str  # the rest of the codemod's handler; it must change the tree if the kernel lets it
     file: str  # the tree file it changes (relative), named in the detection message
 
 

@@ -20,9 +20,12 @@ def job(tmp_path: Path, name: str, body: str) -> dict:
     fix = tmp_path / name
     fix.mkdir()
     (fix / "codemod.py").write_text(
-        "import os, sys\nfrom fixpack.codemod import Rewrite, replace_once\n\n\n"
-        "class R(Rewrite):\n    target = 'pkg/t.py'\n    nodes = ['f']\n\n"
-        f"    def rewrite(self, qualname, node):\n        {body}\n"
+        "import os, sys\nimport libcst as cst\nimport libcst.matchers as m\nfrom fixpack.kinds.codemod import Codemod\n\n\n"
+        "def replace_once(node, old, new):\n    return cst.parse_statement(cst.Module([]).code_for_node(node).replace(old, new, 1))\n\n\n"
+        "class R(Codemod):\n    DESCRIPTION = 'test'\n    TARGET = 'pkg/t.py'\n    PLACES = ('f',)\n\n"
+        "    @m.leave(m.FunctionDef(name=m.Name('f')))\n"
+        "    def f(self, original, updated):\n        return self.at('f', updated, self.rewrite(updated))\n\n"
+        f"    def rewrite(self, node):\n        {body}\n"
     )
     src = tmp_path / "t.py"
     src.write_text(SRC)
@@ -93,7 +96,7 @@ def test_a_dead_server_is_reported_and_replaced(server, tmp_path):
     assert ok["rc"] == 0
 
 
-def test_the_server_imports_no_target_package_and_pinned_runs_no_libcst(tmp_path):
+def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
     code = (
         "import sys, fixpack.forkserver as f\n"
         "sys.stdin = open(sys.argv[1])\n"
@@ -101,6 +104,10 @@ def test_the_server_imports_no_target_package_and_pinned_runs_no_libcst(tmp_path
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'vllm_gaudi', 'libcst')), file=sys.stderr)\n"
     )
     j = job(tmp_path, "a", "return replace_once(node, 'return 1', 'return 2')")
+    # the same change as an edit: only a codemod job brings libcst into the server
+    (Path(j["fix_dir"]) / "codemod.py").unlink()
+    (Path(j["fix_dir"]) / "edits.yaml").write_text("- {target: pkg/t.py, in: f, replace: return 1, with: return 2}\n")
+    j["kind"] = "edit"
     from fixpack.hashing import sha256_bytes
 
     j["expect"] = {"pkg/t.py": sha256_bytes(SRC.replace("1", "2").encode())}

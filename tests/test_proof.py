@@ -140,7 +140,7 @@ def test_a_guard_that_fails_before_is_refused():
     assert rg["guards"] == 0 and "declared a regression guard but fails before the fix" in rg["problems"][0]
 
 
-def test_parts_of_a_diff_and_of_a_codemod_are_left_out_one_at_a_time(tmp_path):
+def test_parts_of_a_diff_and_of_an_edit_are_left_out_one_at_a_time(tmp_path):
     from fixpack import proof
     from fixpack.pack import load_fix
 
@@ -161,23 +161,14 @@ def test_parts_of_a_diff_and_of_a_codemod_are_left_out_one_at_a_time(tmp_path):
     assert not proof.same_code(no_first["pkg_a/mod.py"], full["pkg_a/mod.py"])
     assert (tree / "pkg_a" / "mod.py").read_bytes().count(b"line_3 = 3\n") == 1  # the tree is left as it was
 
-    codemod = textwrap.dedent(
-        '''
-        from fixpack.codemod import Rewrite, replace_once
-
-
-        class Two(Rewrite):
-            target = "pkg_a/sub/other.py"
-            nodes = ["Batch.rows", "helper"]
-
-            def rewrite(self, qualname, node):
-                if qualname == "helper":
-                    return replace_once(node, "return x + 1", "return x + 2")
-                node = replace_once(node, "# keyed by persistent index", "# keyed by row", indent=4)
-                return replace_once(node, "return [self.table[i] for i in ids]", "return [self.table[r] for r in ids]", indent=4)
-        '''
+    edits = textwrap.dedent(
+        """
+        - {target: pkg_a/sub/other.py, in: Batch.rows, replace: "# keyed by persistent index", with: "# keyed by row"}
+        - {target: pkg_a/sub/other.py, in: Batch.rows, replace: "return [self.table[i] for i in ids]", with: "return [self.table[r] for r in ids]"}
+        - {target: pkg_a/sub/other.py, in: helper, replace: "return x + 1", with: "return x + 2"}
+        """
     )
-    d = write_fix(tmp_path / "pack", "three-edits", "codemod", ["pkg_a/sub/other.py"], codemod)
+    d = write_fix(tmp_path / "pack", "three-edits", "edit", ["pkg_a/sub/other.py"], edits)
     f = load_fix(d)
     full, parts = proof.apply_change(f, tree)
     assert len(parts) == 3 and all(p.label.split(":")[0] in ("Batch.rows", "helper") for p in parts)
@@ -185,8 +176,9 @@ def test_parts_of_a_diff_and_of_a_codemod_are_left_out_one_at_a_time(tmp_path):
     assert all(o != full["pkg_a/sub/other.py"] for o in outs)
     same = [proof.same_code(o, full["pkg_a/sub/other.py"]) for o in outs]
     assert same.count(True) == 1  # the comment edit
-    edits = proof.codemod_edits(f, tree)["pkg_a/sub/other.py"]
-    assert sorted(new for _, new in edits) == ["# keyed by row", "return [self.table[r] for r in ids]", "return x + 2"]
+    from fixpack.kinds.edit import load
+
+    assert sorted(e.new for e in load(d)) == ["# keyed by row", "return [self.table[r] for r in ids]", "return x + 2"]
 
 
 def test_requires_closure_names_a_missing_fix():

@@ -155,10 +155,10 @@ def test_every_port_patch_is_proven_red_green_against_the_release():
 
 
 @pytest.mark.parametrize("port", [None, "glm-5-3-flash"])
-def test_every_pinned_codemod_takes_the_text_form_and_gives_its_pinned_bytes(tmp_path, monkeypatch, port):
-    """A pinned run edits each codemod's definitions as text, located by the lock's anchors,
-    with libcst not even importable here; each output must be its pin (a miss would fall back
-    to libcst and fail to import). `fixpack lock --check` proves the pins are libcst's."""
+def test_every_pinned_fix_gives_its_pinned_bytes_and_only_codemods_import_libcst(tmp_path, monkeypatch, port):
+    """The worker runs each fix of the selection, in order, on the real release: each output
+    must be its pin. A diff or an edit runs with libcst not even importable here; a codemod
+    is the only kind that imports it."""
     import os
     import sys
 
@@ -171,26 +171,25 @@ def test_every_pinned_codemod_takes_the_text_form_and_gives_its_pinned_bytes(tmp
     port_obj = pack.port(port) if port else None
     lock = json.loads(profile.lock_path.read_text())
     steps = next(s for s in lock["selections"] if s["key"] == f"{port or '-'}|")["steps"]
-    for name in [m for m in sys.modules if m == "libcst" or m.startswith("libcst.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "libcst", None)
     kinds = set()
     for i, step in enumerate(steps):
         fix = pack.fix(step["fix"], port=port_obj if lock["fixes"][step["fix"]]["layer"].startswith("port:") else None)
         kinds.add(fix.kind)
-        stage = tmp_path / f"stage{i}"
-        stage.mkdir()
-        job = {
-            "fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage),
-            "expect": {rel: after for rel, (_, after) in step["files"].items()},
-            "targets": [
-                {"rel": rel, "src": str(tree / rel), "out": str(stage / f"{j}.out"), "anchors": lock["anchors"].get(before, {})}
-                for j, (rel, (before, _)) in enumerate(step["files"].items())
-            ],
-        }
-        worker.run(job)
+        with monkeypatch.context() as mp:
+            if fix.kind != "codemod":
+                for name in [m for m in sys.modules if m == "libcst" or m.startswith(("libcst.", "fixpack.kinds.codemod"))]:
+                    mp.delitem(sys.modules, name)
+                mp.setitem(sys.modules, "libcst", None)
+            stage = tmp_path / f"stage{i}"
+            stage.mkdir()
+            job = {
+                "fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage),
+                "expect": {rel: after for rel, (_, after) in step["files"].items()},
+                "targets": [{"rel": rel, "src": str(tree / rel), "out": str(stage / f"{j}.out")} for j, rel in enumerate(step["files"])],
+            }
+            worker.run(job)
         for t in job["targets"]:
             out = (stage / t["out"].rsplit("/", 1)[1]).read_bytes()
             assert sha256_bytes(out) == job["expect"][t["rel"]], f"{fix.id}: {t['rel']}"
             os.replace(stage / t["out"].rsplit("/", 1)[1], tree / t["rel"])  # never write through the cache's hard links
-    assert kinds == {"diff", "codemod"}
+    assert kinds == {"diff", "edit", "codemod"}

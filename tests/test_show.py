@@ -52,7 +52,7 @@ def test_show_prints_the_diff_a_codemod_makes_on_the_cached_release(cached, caps
     assert "\n-        return [self.table[i] for i in ids]\n" in diff
     assert "\n+        return [self.table[pos] for pos, _ in enumerate(ids)]\n" in diff
     assert "the text it meets and its output are the lock's pinned bytes" in out
-    assert "class RowsByPosition(Rewrite)" in out  # a codemod's own source follows its diff
+    assert "class RowsByPosition(Codemod)" in out  # a codemod's own source follows its diff
 
 
 def test_show_makes_a_later_fix_s_diff_on_the_text_the_earlier_fixes_leave(cached, capsys):

@@ -2,54 +2,128 @@
 owner's parameters, report logprobs for the same rows, and give an unfinished prefill chunk
 no logits row under sync scheduling."""
 
-from fixpack.codemod import Rewrite, replace_once
+import libcst as cst
+import libcst.matchers as m
+
+from fixpack.kinds.codemod import Codemod, comment_lines
 
 TARGET = "vllm_gaudi/v1/worker/hpu_model_runner.py"
 
 
-class SampleRowsByOwner(Rewrite):
-    """The combined logits are [decode rows, then each prefill batch's rows]; their owners
-    are decode_sampled_requests + prefill_sampled_requests (not prompt ids + decode ids)."""
-
-    target = TARGET
-    nodes = ["HPUModelRunner.sample_tokens"]
-
-    def rewrite(self, qualname, node):
-        node = replace_once(
-            node,
-            """            sampler_output, _sampling_metadata = self._run_sampling(batch_changed, logits,
-                                                                    pd_info.prompt_req_ids + pd_info.decode_req_ids,
-                                                                    logits.shape[0])
-""",
-            """            # Row owners in logits order; a prefill chunk may own no row.
-            sampler_output, _sampling_metadata = self._run_sampling(batch_changed, logits,
-                                                                    decode_sampled_requests + prefill_sampled_requests,
-                                                                    logits.shape[0])
-""", indent=4)
-        return replace_once(
-            node,
-            """            struct_logprobs_req_ids = (list(pd_info.decode_req_ids) + list(pd_info.prompt_req_ids))
-""",
-            """            struct_logprobs_req_ids = decode_sampled_requests + prefill_sampled_requests
-""", indent=4)
+def self_attr(name: str) -> m.Attribute:
+    return m.Attribute(value=m.Name("self"), attr=m.Name(name))
 
 
-class NoRowForUnfinishedChunk(Rewrite):
+def pd_info(name: str) -> m.Attribute:
+    return m.Attribute(value=m.Name("pd_info"), attr=m.Name(name))
+
+
+def listed(name: str) -> m.Call:
+    return m.Call(func=m.Name("list"), args=[m.Arg(pd_info(name))])
+
+
+# The combined logits are [decode rows, then each prefill batch's rows]: these are their owners.
+OWNERS = cst.parse_expression("decode_sampled_requests + prefill_sampled_requests")
+IS_OWNERS = m.BinaryOperation(
+    left=m.Name("decode_sampled_requests"), operator=m.Add(), right=m.Name("prefill_sampled_requests")
+)
+PROMPT_THEN_DECODE = m.BinaryOperation(
+    left=pd_info("prompt_req_ids"), operator=m.Add(), right=pd_info("decode_req_ids")
+)
+DECODE_THEN_PROMPT = m.BinaryOperation(left=listed("decode_req_ids"), operator=m.Add(), right=listed("prompt_req_ids"))
+IN_SAMPLE = m.FunctionDef(name=m.Name("sample_tokens"))
+
+
+def run_sampling_with(owners: m.BaseMatcherNode) -> m.SimpleStatementLine:
+    call = m.Call(
+        func=m.Attribute(value=m.Name("self"), attr=m.Name("_run_sampling")),
+        args=[m.ZeroOrMore(), m.Arg(value=owners), m.ZeroOrMore()],
+    )
+    return m.SimpleStatementLine(body=[m.Assign(value=call)])
+
+
+SAMPLING, LOGPROBS = "_run_sampling request ids", "struct_logprobs_req_ids"
+
+
+class SampleRowsByOwner(Codemod):
+    DESCRIPTION = (
+        "Sample each row of the structured-output logits with its owner's parameters, and report its logprobs."
+    )
+    TARGET = TARGET
+    PLACES = (SAMPLING, LOGPROBS)
+    SCOPE = ("HPUModelRunner.sample_tokens",)
+
+    @m.call_if_inside(IN_SAMPLE)
+    @m.leave(run_sampling_with(PROMPT_THEN_DECODE))
+    def owners_in_logits_order(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        assign = updated.body[0]
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        args = [
+            a.with_changes(value=OWNERS) if m.matches(a.value, PROMPT_THEN_DECODE) else a for a in assign.value.args
+        ]
+        new = updated.with_changes(
+            body=[assign.with_changes(value=assign.value.with_changes(args=args))],
+            leading_lines=[
+                *updated.leading_lines,
+                *comment_lines("# Row owners in logits order; a prefill chunk may own no row."),
+            ],
+        )
+        return self.at(SAMPLING, updated, new)
+
+    @m.call_if_inside(IN_SAMPLE)
+    @m.leave(run_sampling_with(IS_OWNERS))
+    def already_by_owner(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        return self.at(SAMPLING, updated, updated)
+
+    @m.call_if_inside(IN_SAMPLE)
+    @m.leave(
+        m.Assign(targets=[m.AssignTarget(m.Name("struct_logprobs_req_ids"))], value=DECODE_THEN_PROMPT | IS_OWNERS)
+    )
+    def logprobs_for_the_same_rows(self, original: cst.Assign, updated: cst.Assign):
+        done = m.matches(updated.value, IS_OWNERS)
+        return self.at(LOGPROBS, updated, updated if done else updated.with_changes(value=OWNERS))
+
+
+UNFINISHED = "row of an unfinished prefill chunk"
+WHY_NOT_STRUCTURED = (
+    "# Not for structured output: under sync scheduling the chunk's sampled token",
+    "# would be returned as generated, and use_structured_output is still the",
+    "# previous step's here. Grammar masks are placed by logits-row owner.",
+)
+
+
+class NoRowForUnfinishedChunk(Codemod):
     """Only async scheduling needs a (discarded) row for an unfinished prefill chunk. With
     sync scheduling that row's token is returned to the scheduler as generated; and the
     structured-output flag read here was still the previous step's (sample_tokens sets it
     after _prepare_inputs). Grammar masks are placed by row owner (so-row-owners)."""
 
-    target = TARGET
-    nodes = ["HPUModelRunner._extract_prefill_batch_contents"]
+    DESCRIPTION = "An unfinished prefill chunk gets a logits row only under async scheduling."
+    TARGET = TARGET
+    PLACES = (UNFINISHED,)
+    SCOPE = ("HPUModelRunner._extract_prefill_batch_contents",)
 
-    def rewrite(self, qualname, node):
-        return replace_once(
-            node,
-            """            if self.use_async_scheduling or self.use_structured_output:
-""",
-            """            # Not for structured output: under sync scheduling the chunk's sampled token
-            # would be returned as generated, and use_structured_output is still the
-            # previous step's here. Grammar masks are placed by logits-row owner.
-            if self.use_async_scheduling:
-""", indent=4)
+    @m.call_if_inside(m.FunctionDef(name=m.Name("_extract_prefill_batch_contents")))
+    @m.leave(
+        m.If(
+            test=m.BooleanOperation(
+                left=self_attr("use_async_scheduling"), operator=m.Or(), right=self_attr("use_structured_output")
+            )
+        )
+    )
+    def async_only(self, original: cst.If, updated: cst.If):
+        assert isinstance(updated.test, cst.BooleanOperation)
+        new = updated.with_changes(
+            test=updated.test.left, leading_lines=[*updated.leading_lines, *comment_lines(*WHY_NOT_STRUCTURED)]
+        )
+        return self.at(UNFINISHED, updated, new)
+
+    @m.call_if_inside(m.FunctionDef(name=m.Name("_extract_prefill_batch_contents")))
+    @m.leave(
+        m.If(
+            test=self_attr("use_async_scheduling"),
+            leading_lines=[m.ZeroOrMore(), m.EmptyLine(comment=m.Comment(WHY_NOT_STRUCTURED[-1]))],
+        )
+    )
+    def already_async_only(self, original: cst.If, updated: cst.If):
+        return self.at(UNFINISHED, updated, updated)

@@ -8,12 +8,12 @@ no longer has the defect, whatever the text says. Classes:
   offset    applies at an offset: needs a refresh (the refreshed diff is shown)
   conflict  some hunks no longer match (named)
   upstream  already upstream: retire it. Its tests pass on the new release without it, or
-            the new release has the fixed text (a codemod changes nothing, a diff's new side
+            the new release has the fixed text (an edit or codemod changes nothing, a diff's new side
             is there)
   duplicate its change would apply, but the lines it adds are already in the target: upstream
             fixed it in its own place, and applying it would add them twice
   moved     a target file moved or was removed
-  nomatch   a codemod's anchors match nothing
+  nomatch   an edit's definition or a codemod's place is found 0 times
 A test run is reported beside the class: green (retire), red (the defect is still there:
 carry the fix), or "cannot run" (the new release breaks the test itself; the class is then
 from the text alone).
@@ -93,20 +93,17 @@ def classify(fix, tree: Path, found: dict) -> tuple[str, dict[str, bytes], list[
                     return "conflict", {}, notes, ""
                 return cls, (changes if cls == "offset" else {}), notes, "".join(refreshed)
         return "exact", changes, notes, ""
-    from fixpack.codemod import RewriteError, apply_rewrites, load_rewrites
+    from fixpack import kinds
+    from fixpack.kinds.base import ChangeError
 
-    rewrites = load_rewrites(fix.change_file)
-    same = True
-    for t in fix.targets:
-        data = (tree / t.rel).read_bytes()
-        try:
-            new = apply_rewrites(rewrites, t.rel, data.decode()).text.encode()
-        except RewriteError as exc:
-            msg = str(exc)
-            return ("nomatch" if "found 0" in msg else "conflict"), {}, [msg], ""
-        changes[t.rel] = new
-        same &= new == data
-    return ("upstream" if same else "exact"), ({} if same else changes), (["the codemod changes nothing: the fixed code is already there"] if same else []), ""
+    sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
+    try:
+        changes = kinds.module(fix.kind).apply(fix.dir, sources).outputs
+    except ChangeError as exc:
+        msg = str(exc)
+        return ("nomatch" if "found 0" in msg else "conflict"), {}, [msg], ""
+    same = all(changes[rel] == sources[rel] for rel in sources)
+    return ("upstream" if same else "exact"), ({} if same else changes), ([f"the {fix.kind} changes nothing: the fixed code is already there"] if same else []), ""
 
 
 def _significant(line: str) -> str | None:
@@ -133,15 +130,31 @@ def added_lines(fix, tree: Path) -> dict[str, list[str]]:
                     if t and t not in removed:
                         out.setdefault(fp.path, []).append(t)
         return out
-    from fixpack import proof
+    if fix.kind == "edit":
+        from fixpack.kinds.edit import load
 
-    for rel, calls in proof.codemod_edits(fix, tree).items():
-        for old, new in calls:
-            old_lines = {line.strip() for line in old.splitlines()}
-            for line in new.splitlines():
-                t = _significant(line)
-                if t and t not in old_lines:
-                    out.setdefault(rel, []).append(t)
+        calls = [(e.target, e.old, e.new) for e in load(fix.dir)]
+    else:  # a codemod's new lines are those of its output where it applies
+        import difflib
+
+        from fixpack import kinds
+        from fixpack.kinds.base import ChangeError
+
+        sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets if (tree / t.rel).is_file()}
+        try:
+            outputs = kinds.module(fix.kind).apply(fix.dir, sources).outputs if len(sources) == len(fix.targets) else {}
+        except ChangeError:
+            outputs = {}
+        calls = []
+        for rel, data in outputs.items():
+            lines = list(difflib.unified_diff(sources[rel].decode().splitlines(), data.decode().splitlines(), lineterm="", n=0))
+            calls.append((rel, "\n".join(x[1:] for x in lines if x[:1] == "-" and not x.startswith("---")), "\n".join(x[1:] for x in lines if x[:1] == "+" and not x.startswith("+++"))))
+    for rel, old, new in calls:
+        old_lines = {line.strip() for line in old.splitlines()}
+        for line in new.splitlines():
+            t = _significant(line)
+            if t and t not in old_lines:
+                out.setdefault(rel, []).append(t)
     return out
 
 
@@ -226,7 +239,7 @@ def run(args) -> int:
         emit_json({"profile": profile.name, "onto": srcs, "fixes": rows})
         return 0
     print(f"rebase report: profile {profile.name} onto " + ", ".join(f"{k}={v.get('tag') or v.get('version')}" for k, v in srcs.items() if k in dict(x.split('=', 1) for x in args.onto)))
-    labels = {"exact": "applies exactly", "offset": "applies at an offset (refresh)", "conflict": "CONFLICTS", "upstream": "already upstream: retire", "duplicate": "DUPLICATE: upstream has its lines", "moved": "target moved/removed", "nomatch": "codemod matches nothing"}
+    labels = {"exact": "applies exactly", "offset": "applies at an offset (refresh)", "conflict": "CONFLICTS", "upstream": "already upstream: retire", "duplicate": "DUPLICATE: upstream has its lines", "moved": "target moved/removed", "nomatch": "definition/place found 0 times"}
     for r in rows:
         t = f"  [tests without it: {r['tests']}]" if r["tests"] else ""
         print(f"  {r['fix']:<34} {labels[r['class']]}{t}")

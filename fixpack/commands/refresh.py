@@ -1,5 +1,5 @@
 """fixpack refresh: re-make diffs that still apply, but at an offset, against the state the
-fixes before them in pack order leave (like `quilt refresh`). Codemods need no refresh."""
+fixes before them in pack order leave (like `quilt refresh`). Edits and codemods need no refresh."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from fixpack import release
-    from fixpack.codemod import apply_rewrites, load_rewrites
+    from fixpack import kinds, release
     from fixpack.diffpatch import parse_diff, rebase_file_patch, unified
     from fixpack.store import atomic_write
 
@@ -33,12 +32,11 @@ def run(args) -> int:
     with release.scratch("fixpack-refresh-") as work:
         tree = release.pristine_tree(profile, work)
         for fix in fixes:
-            if fix.kind == "codemod":
-                rewrites = load_rewrites(fix.change_file)
-                for t in fix.targets:
-                    p = tree / t.rel
-                    atomic_write(p, apply_rewrites(rewrites, t.rel, p.read_text()).text.encode(), like=os.stat(p))
-                print(f"{fix.id:<36} codemod")
+            if fix.kind != "diff":  # located by definition, not by line: nothing to refresh
+                sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
+                for rel, data in kinds.module(fix.kind).apply(fix.dir, sources).outputs.items():
+                    atomic_write(tree / rel, data, like=os.stat(tree / rel))
+                print(f"{fix.id:<36} {fix.kind}")
                 continue
             parts, status_all = [], []
             for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):

@@ -31,6 +31,16 @@ def _check_fix_dir(d: Path, layer: str, pack_root: Path) -> None:
         changed = {p.path for p in patches}
         if changed != declared:
             raise ConfigError(f"{fix.change_file}: changes {sorted(changed)} but fix.yaml declares {sorted(declared)}")
+    elif fix.kind == "edit":
+        from fixpack.kinds.base import ChangeError
+        from fixpack.kinds.edit import load
+
+        try:
+            named = {e.target for e in load(fix.dir)}
+        except ChangeError as exc:
+            raise ConfigError(str(exc)) from exc
+        if named != set(fix.target_rels):
+            raise ConfigError(f"{fix.change_file}: edits {sorted(named)} but fix.yaml declares {sorted(fix.target_rels)}")
     else:
         import ast
 
