@@ -24,9 +24,10 @@ from .source import InputError, Source, Tensor
 CHUNK = 32 << 20
 SYNC_EVERY = 512 << 20
 STAGE = 8 << 20  # one direct-write staging buffer
-# direct writes in flight (flusher threads), a staging buffer each plus the one filling;
-# GLM5_MXFP4_WRITE_DEPTH overrides it (bench/bench_convert.py compares 1 with the default)
-WRITE_DEPTH = max(1, int(os.environ.get("GLM5_MXFP4_WRITE_DEPTH", "2")))
+# direct writes in flight (flusher threads), a staging buffer each plus the one filling. One: the
+# next buffer fills while the last is written; two were not faster on this machine's disk in
+# bench/bench_convert.py, which runs the other depth side by side. GLM5_MXFP4_WRITE_DEPTH overrides.
+WRITE_DEPTH = max(1, int(os.environ.get("GLM5_MXFP4_WRITE_DEPTH", "1")))
 DIRECT_WRITES = True  # tests turn it off to run the plain path
 IN_SLOTS = 6  # read buffers, recycled: fresh allocations would fault in (and zero) every page
 OUT_SLOTS = 6  # output buffers (a quarter of a read buffer each), taken in stream order
