@@ -79,7 +79,7 @@ def main() -> None:
             startup.append(timed([py, "-c", "pass"]))
             cold.append(timed([py, str(REPO / "apply_all.py"), "--profile", a.profile, "--root", str(tree)], env, per_fix))
             if not walls:
-                from fixpack.engine import protection_text
+                from fixpack.runner import protection_text
 
                 walls = protection_text(json.loads((tree / ".fixpack" / "state.json").read_text())["protection"])
             warm.append(timed([py, str(REPO / "apply_all.py"), "--profile", a.profile, "--root", str(tree)], env))

@@ -69,7 +69,7 @@ def _act(action: str, path: str) -> None:
 
 def install() -> None:
     os.write = _faulty_write
-    import fixpack.engine
+    import fixpack.journal
     import fixpack.store
 
     real_crashpoint = fixpack.store.crashpoint
@@ -84,7 +84,7 @@ def install() -> None:
         real_crashpoint(label)
 
     fixpack.store.crashpoint = crashpoint
-    fixpack.engine.crashpoint = crashpoint
+    fixpack.journal.crashpoint = crashpoint
 
 
 def main() -> int:
