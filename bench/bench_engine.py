@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_engine.py [--repeat 5]
 
+(fixpack itself imports as installed by scripts/setup.sh: `pip install -e .`)
+
 cold apply  : `python apply_all.py --profile v0.26.0 --root T` on a fresh pristine tree
               (each fix's process sealed by the kernel where it can be: Landlock and the
               seccomp metadata filter; the driver then compares the trees once per run)
@@ -31,7 +33,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 
 def timed(cmd: list[str], env=None, per_fix: dict | None = None) -> float:

@@ -21,11 +21,9 @@ own process, with one thing going wrong:
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import sys
-
 
 _writes = 0
 _real_write = os.write

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from testing.builders import REPO
 from fixpack.forkserver import ForkServer, ServerDied
+from testing.builders import REPO
 
 SRC = "def f():\n    return 1\n"
 

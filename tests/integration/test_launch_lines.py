@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from testing.builders import REPO
+
 SEEDS = REPO.parent / "shared" / "seeds"
 PORT = "glm-5-3-flash"
 

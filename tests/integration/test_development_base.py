@@ -8,11 +8,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 
 from testing import builders as B
 
