@@ -80,11 +80,15 @@ class Engine:
             if not self.check_pack:
                 return  # revert: the state record and the backups are all it needs
             if locked != [f.id for f in self.fixes]:
-                raise ConfigError(f"{self.lock.path}: selection {self.key} pins {locked}, the pack now gives {[f.id for f in self.fixes]}; run `fixpack lock`")
+                raise ConfigError(
+                    f"{self.lock.path}: selection {self.key} pins {locked}, the pack now gives {[f.id for f in self.fixes]}; run `fixpack lock`"
+                )
             for f in self.fixes:
                 want = self.lock.data["fixes"].get(f.id, {}).get("hash")
                 if want != self._fix_hash[f.id]:
-                    raise ConfigError(f"fix {f.id} ({f.dir}) changed since {self.lock.path.name} was generated; run `fixpack lock --profile {self.profile.name}`")
+                    raise ConfigError(
+                        f"fix {f.id} ({f.dir}) changed since {self.lock.path.name} was generated; run `fixpack lock --profile {self.profile.name}`"
+                    )
 
     @property
     def protection(self) -> dict | None:
@@ -108,7 +112,9 @@ class Engine:
                 out[rel] = None
                 continue
             if not stat.S_ISREG(st.st_mode):
-                raise EnvironmentFault(f"{p}: expected a regular file, found {'a symlink' if stat.S_ISLNK(st.st_mode) else 'a directory' if stat.S_ISDIR(st.st_mode) else 'a special file'}; nothing was changed")
+                raise EnvironmentFault(
+                    f"{p}: expected a regular file, found {'a symlink' if stat.S_ISLNK(st.st_mode) else 'a directory' if stat.S_ISDIR(st.st_mode) else 'a special file'}; nothing was changed"
+                )
             try:
                 out[rel] = sha256_file(p)
             except OSError as exc:
@@ -146,7 +152,9 @@ class Engine:
             tool_version=__version__,
             packages={k: str(v) for k, v in self.found.items()},
             base={"profile_sources": self.profile.base.get("sources", {}), "found": self._identity()},
-            protection=dict(prot, detection="snapshot per run" if sealed(prot) else "snapshot per fix") if prot else None,
+            protection=dict(prot, detection="snapshot per run" if sealed(prot) else "snapshot per fix")
+            if prot
+            else None,
         )
 
     def _identity(self) -> dict:
@@ -171,7 +179,9 @@ class Engine:
                 )
             return steps
         if state is not None:
-            self.report.say(f"warning: {self.store.state_path} is corrupt; working out the applied fixes from file hashes")
+            self.report.say(
+                f"warning: {self.store.state_path} is corrupt; working out the applied fixes from file hashes"
+            )
         return self.infer_steps()
 
     def infer_steps(self) -> list[Step]:
@@ -204,7 +214,10 @@ class Engine:
         for rel in rest:
             want = self.pristine(rel)
             if cur[rel] != want:
-                hint = "; ".join(f"{k} {' '.join(f'{a}={b}' for a, b in v.items() if a in ('version', 'commit_id', 'git_head', 'direct_url_commit'))}" for k, v in self._identity().items())
+                hint = "; ".join(
+                    f"{k} {' '.join(f'{a}={b}' for a, b in v.items() if a in ('version', 'commit_id', 'git_head', 'direct_url_commit'))}"
+                    for k, v in self._identity().items()
+                )
                 raise BaseMismatch(
                     f"{rel}: expected the pristine {self.profile.name} file {short(want)}, found {short(cur[rel])} "
                     f"({self.describe(rel, cur[rel])}). This image is not the release the profile pins; nothing was changed"
@@ -215,13 +228,17 @@ class Engine:
     def recover(self) -> None:
         journal.recover(self.store, self, self.report)
 
-    def commit(self, op: str, step: Step, changes: dict[str, tuple[bytes, bytes]], steps_before: list[Step]) -> list[Step]:
+    def commit(
+        self, op: str, step: Step, changes: dict[str, tuple[bytes, bytes]], steps_before: list[Step]
+    ) -> list[Step]:
         steps = journal.commit(self.store, self, op, step, changes, steps_before, self._base_state(), self.report)
         self.runner.driver_wrote([self.path(rel) for rel in changes])
         return steps
 
     # ---- fix processes
-    def run_worker(self, fix: Fix, inputs: dict[str, Path], pins: dict | None = None, hashes: dict | None = None) -> dict[str, bytes]:
+    def run_worker(
+        self, fix: Fix, inputs: dict[str, Path], pins: dict | None = None, hashes: dict | None = None
+    ) -> dict[str, bytes]:
         return self.runner.run(fix, inputs, pins, hashes)
 
     def check_run(self) -> None:
@@ -239,7 +256,9 @@ class Engine:
         if not isinstance(state, StateRecord) or self.store.journal_path.exists():
             return False
         steps = state.steps
-        if state.key != self.key or [(s.fix, s.fix_hash) for s in steps] != [(f.id, self._fix_hash[f.id]) for f in self.fixes]:
+        if state.key != self.key or [(s.fix, s.fix_hash) for s in steps] != [
+            (f.id, self._fix_hash[f.id]) for f in self.fixes
+        ]:
             return False
         exp = expected_after(self.pinned)
         exp_state = expected_after(steps)
@@ -251,7 +270,11 @@ class Engine:
     def apply(self, dry_run: bool = False) -> int:
         t0 = time.perf_counter()
         if self.fast_path_done():
-            self.report.line(self.key, "ok", f"already applied: {len(self.fixes)} fixes, {len(self.files)} files match their pins ({time.perf_counter() - t0:.2f}s)")
+            self.report.line(
+                self.key,
+                "ok",
+                f"already applied: {len(self.fixes)} fixes, {len(self.files)} files match their pins ({time.perf_counter() - t0:.2f}s)",
+            )
             return 0
         if dry_run:
             state = self.store.read_state()
@@ -308,11 +331,15 @@ class Engine:
         t0 = time.perf_counter()
         rels = fix.target_rels
         if pins is not None and set(pins) != set(rels):
-            raise ConfigError(f"{fix.id}: fix.yaml targets {sorted(rels)} but {self.lock.path.name if self.lock else 'the lock'} pins {sorted(pins)}; run `fixpack lock --profile {self.profile.name}`; nothing was changed")
+            raise ConfigError(
+                f"{fix.id}: fix.yaml targets {sorted(rels)} but {self.lock.path.name if self.lock else 'the lock'} pins {sorted(pins)}; run `fixpack lock --profile {self.profile.name}`; nothing was changed"
+            )
         cur = self.current(rels)
         for rel in rels:
             if cur[rel] is None:
-                raise BaseMismatch(f"{fix.id}: target {rel} does not exist in {self.found.get(rel.split('/')[0])}; nothing was changed")
+                raise BaseMismatch(
+                    f"{fix.id}: target {rel} does not exist in {self.found.get(rel.split('/')[0])}; nothing was changed"
+                )
             if pins is not None and cur[rel] != pins[rel][0]:
                 raise BaseMismatch(
                     f"{fix.id}: {rel} is {short(cur[rel])} ({self.describe(rel, cur[rel])}), expected {short(pins[rel][0])} "
@@ -333,14 +360,24 @@ class Engine:
         if pins is not None:
             for rel in rels:
                 if files[rel][1] != pins[rel][1]:
-                    raise FixFailed(f"{fix.id}: {rel} came out {short(files[rel][1])}, the pin is {short(pins[rel][1])}; nothing was written (the fix changed since the lock, or the worker misbehaved)")
+                    raise FixFailed(
+                        f"{fix.id}: {rel} came out {short(files[rel][1])}, the pin is {short(pins[rel][1])}; nothing was written (the fix changed since the lock, or the worker misbehaved)"
+                    )
         changes = {rel: (old[rel], new[rel]) for rel in rels if old[rel] != new[rel]}
         if not changes:
-            raise FixFailed(f"{fix.id}: changed nothing in {', '.join(rels)}; a fix that changes nothing cannot be pinned")
+            raise FixFailed(
+                f"{fix.id}: changed nothing in {', '.join(rels)}; a fix that changes nothing cannot be pinned"
+            )
         step = self.step_record(fix, files)
         steps = self.commit("apply", step, changes, steps)
         detail = "  ".join(f"{rel.split('/')[-1]} {short(b)[:8]}>{short(a)[:8]}" for rel, (b, a) in files.items())
-        self.report.line(fix.id, "applied", f"{detail}  {time.perf_counter() - t0:.2f}s", files=files, seconds=round(time.perf_counter() - t0, 3))
+        self.report.line(
+            fix.id,
+            "applied",
+            f"{detail}  {time.perf_counter() - t0:.2f}s",
+            files=files,
+            seconds=round(time.perf_counter() - t0, 3),
+        )
         return steps
 
     def unwind(self, step: Step, steps: list[Step]) -> list[Step]:
@@ -348,7 +385,9 @@ class Engine:
         cur = self.current(step.files)
         for rel, (before, after) in step.files.items():
             if cur[rel] != after:
-                raise Drift(f"{rel}: cannot undo {step.fix}: the file is {short(cur[rel])}, not its result {short(after)}")
+                raise Drift(
+                    f"{rel}: cannot undo {step.fix}: the file is {short(cur[rel])}, not its result {short(after)}"
+                )
             changes[rel] = (self.path(rel).read_bytes(), self.store.get(before))
         steps = self.commit("unwind", step, changes, steps)
         self.report.line(step.fix, "reverted", ", ".join(step.files))
@@ -376,7 +415,9 @@ def revert(engine: Engine, fix_id: str | None) -> int:
         mine = set(steps[i].files)
         later = [s.fix for s in steps[i + 1 :] if mine & set(s.files)]
         if later:
-            raise ConfigError(f"{fix_id}: later fix(es) {', '.join(later)} change the same file(s); revert them first, or use --all")
+            raise ConfigError(
+                f"{fix_id}: later fix(es) {', '.join(later)} change the same file(s); revert them first, or use --all"
+            )
         engine.unwind(steps[i], steps)
         return 0
     finally:
