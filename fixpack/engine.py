@@ -239,7 +239,8 @@ class Engine:
     def run_worker(
         self, fix: Fix, inputs: dict[str, Path], pins: dict | None = None, hashes: dict | None = None
     ) -> dict[str, bytes]:
-        return self.runner.run(fix, inputs, pins, hashes)
+        # the timeout as it is now: `fixpack apply --timeout` sets it after the engine is built
+        return self.runner.run(fix, inputs, pins, hashes, timeout=self.timeout)
 
     def check_run(self) -> None:
         self.runner.check_run()

@@ -81,10 +81,18 @@ class Runner:
 
     # ---- one fix
     def run(
-        self, fix: Fix, inputs: dict[str, Path], pins: dict | None = None, hashes: dict | None = None
+        self,
+        fix: Fix,
+        inputs: dict[str, Path],
+        pins: dict | None = None,
+        hashes: dict | None = None,
+        *,
+        timeout: float | None = None,
     ) -> dict[str, bytes]:
         """The new bytes of each of ``fix``'s targets, read from ``inputs``; ``pins`` (rel ->
-        [before, after]) let the worker skip compiling an output equal to its pin."""
+        [before, after]) let the worker skip compiling an output equal to its pin; ``timeout``
+        (seconds) replaces the runner's own for this fix."""
+        timeout = self.timeout if timeout is None else timeout
         stage = self.state_dir / "staging" / fix.id
         shutil.rmtree(stage, ignore_errors=True)
         try:
@@ -113,7 +121,7 @@ class Runner:
         if not watch.before:
             watch.take()
         try:
-            proc = self._server().run(job, self.timeout)
+            proc = self._server().run(job, timeout)
         except ServerDied as exc:
             self._check_outside(fix, watch, stage)
             shutil.rmtree(stage, ignore_errors=True)
@@ -129,7 +137,7 @@ class Runner:
         if proc["timed_out"]:
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(
-                f"{fix.id}: its process did not finish within {self.timeout:.0f} s; nothing was written"
+                f"{fix.id}: its process did not finish within {timeout:.0f} s; nothing was written"
             ) from None
         try:
             lines = proc["stdout"].strip().splitlines()
