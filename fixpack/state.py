@@ -1,23 +1,44 @@
 """The records the engine keeps beside the targets: applied steps, the state record and the journal.
 
-Each is a dataclass read from and written to JSON (fixpack.store checks the shape before one is
-built; a record that fails the check reads as `Unreadable`). The JSON keys are those of earlier
-versions, so an image applied by one reads with the next.
+Each is a record class read from and written to JSON (fixpack.store checks the shape before one
+is built; a record that fails the check reads as `Unreadable`). The JSON keys are those of
+earlier versions, so an image applied by one reads with the next.
+
+They are plain classes with __slots__, not @dataclass: `fixpack verify` reads the state record
+at every container start (goal: 3x the interpreter's start-up), and `import dataclasses` pulls
+in `inspect`, about 10 ms here, a third of that start-up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
-
 from fixpack.locations import layer_port, port_layer
 
 
-@dataclass(frozen=True)
-class Layer:
+class _Record:
+    """Equality and repr over the slots, as a dataclass has them."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Record) and type(other) is type(self) and other._values() == self._values()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, *map(repr, self._values())))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
+
+
+class Layer(_Record):
     """Where a fix comes from: the profile (``port`` None) or a port's patches."""
 
-    port: str | None = None
+    __slots__ = ("port",)
+
+    def __init__(self, port: str | None = None):
+        self.port = port
 
     @classmethod
     def parse(cls, text: str) -> Layer:
@@ -30,16 +51,26 @@ class Layer:
 PROFILE = Layer()
 
 
-@dataclass
-class Step:
+class Step(_Record):
     """One applied fix: the hash of each target file before and after it."""
 
-    fix: str
-    files: dict[str, list[str]]  # rel -> [before, after] (sha256)
-    layer: Layer = PROFILE
-    fix_hash: str | None = None
-    dir: str | None = None  # pack-relative folder of a fix outside fixes/ (a profile's own folder)
-    sandbox: str | None = None  # what confined the fix's process
+    __slots__ = ("fix", "files", "layer", "fix_hash", "dir", "sandbox")
+
+    def __init__(
+        self,
+        fix: str,
+        files: dict[str, list[str]],  # rel -> [before, after] (sha256)
+        layer: Layer = PROFILE,
+        fix_hash: str | None = None,
+        dir: str | None = None,  # pack-relative folder of a fix outside fixes/ (a profile's own folder)
+        sandbox: str | None = None,  # what confined the fix's process
+    ):
+        self.fix = fix
+        self.files = files
+        self.layer = layer
+        self.fix_hash = fix_hash
+        self.dir = dir
+        self.sandbox = sandbox
 
     def after(self) -> dict[str, str]:
         return {rel: pair[1] for rel, pair in self.files.items()}
@@ -56,7 +87,7 @@ class Step:
         )
 
     def to_json(self) -> dict:
-        out: dict[str, Any] = {
+        out: dict = {
             "fix": self.fix,
             "layer": str(self.layer),
             "fix_hash": self.fix_hash,
@@ -92,30 +123,47 @@ _STATE_KEYS = (
 )
 
 
-@dataclass
-class StateRecord:
+class StateRecord(_Record):
     """What is applied (state.json): the selection, where its packages are, and its steps."""
 
-    steps: list[Step] = field(default_factory=list)
-    profile: str | None = None
-    port: str | None = None
-    opt_in: list[str] | None = None
-    key: str | None = None
-    tool_version: str | None = None
-    packages: dict[str, str] | None = None
-    base: dict | None = None
-    protection: dict | None = None
-    format: int | None = None
-    updated: str | None = None
-    extra: dict = field(default_factory=dict)
+    __slots__ = ("steps", *_STATE_KEYS, "extra")
+
+    def __init__(
+        self,
+        steps: list[Step] | None = None,
+        profile: str | None = None,
+        port: str | None = None,
+        opt_in: list[str] | None = None,
+        key: str | None = None,
+        tool_version: str | None = None,
+        packages: dict[str, str] | None = None,
+        base: dict | None = None,
+        protection: dict | None = None,
+        format: int | None = None,
+        updated: str | None = None,
+        extra: dict | None = None,
+    ):
+        self.steps: list[Step] = list(steps or [])
+        self.profile = profile
+        self.port = port
+        self.opt_in = opt_in
+        self.key = key
+        self.tool_version = tool_version
+        self.packages = packages
+        self.base = base
+        self.protection = protection
+        self.format = format
+        self.updated = updated
+        self.extra: dict = dict(extra or {})
 
     def with_steps(self, steps: list[Step]) -> StateRecord:
-        return replace(self, steps=list(steps))
+        """The same record holding ``steps``."""
+        return StateRecord(steps, **{k: getattr(self, k) for k in _STATE_KEYS}, extra=self.extra)
 
     @classmethod
     def from_json(cls, d: dict) -> StateRecord:
         return cls(
-            steps=[Step.from_json(s) for s in d.get("steps", [])],
+            [Step.from_json(s) for s in d.get("steps", [])],
             **{k: d[k] for k in _STATE_KEYS if k in d},
             extra={k: v for k, v in d.items() if k not in _STATE_KEYS and k != "steps"},
         )
@@ -128,15 +176,24 @@ class StateRecord:
         return out
 
 
-@dataclass
-class Journal:
+class Journal(_Record):
     """A fix being committed (journal.json): enough to finish or undo it after a crash."""
 
-    op: str  # "apply" or "unwind"
-    step: Step
-    files: dict[str, list[str]]  # rel -> [before, after] of this commit
-    state_base: StateRecord  # the state record to write, less its steps
-    steps_before: list[Step]
+    __slots__ = ("op", "step", "files", "state_base", "steps_before")
+
+    def __init__(
+        self,
+        op: str,  # "apply" or "unwind"
+        step: Step,
+        files: dict[str, list[str]],  # rel -> [before, after] of this commit
+        state_base: StateRecord,  # the state record to write, less its steps
+        steps_before: list[Step],
+    ):
+        self.op = op
+        self.step = step
+        self.files = files
+        self.state_base = state_base
+        self.steps_before = steps_before
 
     @classmethod
     def from_json(cls, d: dict) -> Journal:
@@ -158,8 +215,10 @@ class Journal:
         }
 
 
-@dataclass(frozen=True)
-class Unreadable:
+class Unreadable(_Record):
     """A state record or journal that exists but cannot be used (not JSON, or not its shape)."""
 
-    why: str
+    __slots__ = ("why",)
+
+    def __init__(self, why: str):
+        self.why = why
