@@ -1,6 +1,8 @@
 """glm-5-mxfp4 converter throughput against the cold read rate of the same source, in one run.
 
-    .venv/bin/python bench/bench_convert.py [--experts 256] [--dir TMPDIR] [--keep] [--src KEPT_SRC]
+    PYTHONPATH=ports/glm-5-mxfp4 .venv/bin/python bench/bench_convert.py [--experts 256] [--dir TMPDIR] [--keep] [--src KEPT_SRC]
+
+(the port's glm5_mxfp4 package imports from its folder: PYTHONPATH, as the converter's workers get it)
 
 Builds a synthetic glm_moe_dsa checkpoint holding one full-size MoE layer (by default 256 experts,
 gate/up [2048, 6144] and down [6144, 2048] in BF16, N(0, 0.02): 19.3 GB, in 5 GB shards) plus that
@@ -31,11 +33,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = os.path.join(ROOT, "ports", "glm-5-mxfp4")
-sys.path.insert(0, PORT)
 
 import numpy as np  # noqa: E402
-from glm5_mxfp4 import mxfp4, st  # noqa: E402
-from glm5_mxfp4 import pipeline  # noqa: E402
+from glm5_mxfp4 import (  # noqa: E402
+    mxfp4,
+    pipeline,  # noqa: E402
+    st,
+)
 from glm5_mxfp4.pipeline import CHUNK, SourceReader, aligned_buffer  # noqa: E402
 from glm5_mxfp4.source import Source  # noqa: E402
 

@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_engine.py [--repeat 5]
 
+(fixpack itself imports as installed by scripts/setup.sh: `pip install -e .`)
+
 cold apply  : `python apply_all.py --profile v0.26.0 --root T` on a fresh pristine tree
               (each fix's process sealed by the kernel where it can be: Landlock and the
               seccomp metadata filter; the driver then compares the trees once per run)
@@ -31,7 +33,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 
 def timed(cmd: list[str], env=None, per_fix: dict | None = None) -> float:
@@ -79,7 +80,7 @@ def main() -> None:
             startup.append(timed([py, "-c", "pass"]))
             cold.append(timed([py, str(REPO / "apply_all.py"), "--profile", a.profile, "--root", str(tree)], env, per_fix))
             if not walls:
-                from fixpack.engine import protection_text
+                from fixpack.runner import protection_text
 
                 walls = protection_text(json.loads((tree / ".fixpack" / "state.json").read_text())["protection"])
             warm.append(timed([py, str(REPO / "apply_all.py"), "--profile", a.profile, "--root", str(tree)], env))

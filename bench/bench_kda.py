@@ -4,8 +4,10 @@ Not a test. fp32 on CPU, batch 1, 4 heads x 128, 1K / 4K / 8K tokens, two gates:
 ``saturating`` (-5 sigmoid(2 + N(0, 1)), about -4.4 per token: the within-chunk
 cumulative gate reaches -300, as real GLM gates do) and ``mild`` (-5 sigmoid(-2 + N(0, 1))).
 
-  .venv/bin/python bench/bench_kda.py            # full table (about 5 minutes on 2 cores)
-  .venv/bin/python bench/bench_kda.py --lengths 1024 --gates mild
+  PYTHONPATH=ports/glm-5-3-flash .venv/bin/python bench/bench_kda.py            # full table (about 5 minutes on 2 cores)
+  PYTHONPATH=ports/glm-5-3-flash .venv/bin/python bench/bench_kda.py --lengths 1024 --gates mild
+
+(the port's glm5_next_hpu package imports from its folder: PYTHONPATH)
 
 Implementations: ``reference`` (transformers' torch fallback), ``port-default``
 (``chunk_kda`` without ``use_scan``: the carry a caller gets when the switch is unset, the
@@ -31,9 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-PORT = Path(__file__).resolve().parents[1] / "ports" / "glm-5-3-flash"
 H, K = 4, 128
 
 
@@ -68,7 +68,6 @@ def cpu_description() -> str:
 
 
 def _fn(impl):
-    sys.path.insert(0, str(PORT))
     if impl == "reference":
         from transformers.models.glm5_next.modeling_glm5_next import chunk_kimi_delta_attention
 
@@ -124,7 +123,6 @@ def count_ops(impl, T):
 
     args = _inputs(T)
     if impl == "decode":
-        sys.path.insert(0, str(PORT))
         from glm5_next_hpu.kda import fused_recurrent_kda
 
         state = torch.zeros(1, H, K, K)

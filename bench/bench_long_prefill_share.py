@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parent.parent  # fixpack imports as installed (`pip install -e .`)
 PROFILE = "v0.30.0"
 LONG = {"long64k": 65536, "long100k": 102400}
 BLOCK = 16
@@ -111,7 +109,7 @@ def run_shape(scheduler, late: int, step_ms: float, token_ms: float) -> dict:
             if since[rid] is not None:
                 t, s, m = since[rid]
                 since[rid] = (t + tokens, s + 1, m + ms)
-        for rid, got in zip(req_ids, sampled):
+        for rid, got in zip(req_ids, sampled, strict=False):
             if not got or not rid.startswith("dec"):
                 continue
             if since[rid] is None:

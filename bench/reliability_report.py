@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The engine's reliability campaign in one run; prints the table for the README.
 
-    .venv/bin/python bench/reliability_report.py [--sample N] [--jobs 2] [--json FILE]
+    .venv/bin/python -m bench.reliability_report [--sample N] [--jobs 2] [--json FILE]
+
+(from the repository root: `-m` puts it on sys.path, so the testing helpers import as a package)
 
 1. kill sweeps: SIGKILL `fixpack apply` at every write point (FIXPACK_CRASH_AT) of a full
    run of the real v0.26.0 profile on its release tree, and of a larger synthetic chain
@@ -31,12 +33,11 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # the repository root: fixpack and the testing helpers
+from testing import hostile_cases as H
+from testing import reliability_lib as L
+from testing import sandbox_cases as S
 
-from testing import hostile_cases as H  # noqa: E402
-from testing import reliability_lib as L  # noqa: E402
-from testing import sandbox_cases as S  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def say(*a):
@@ -100,7 +101,7 @@ def main() -> int:
         if "hostile" in args.only:
             say("hostile input:")
             L.template("basic"), L.template("codemod-first")  # built once, before the threads
-            h = run_named([(c.id, (lambda c: lambda w: H.run_case(c, w) and c.what)(c)) for c in H.CASES], work, "hostile", args.jobs)
+            h = run_named([(c.id, lambda w, c=c: H.run_case(c, w) and c.what) for c in H.CASES], work, "hostile", args.jobs)
             figures["hostile"] = {"tried": h["tried"], "refused": h["survived"], "failed": h["failed"]}
 
         if "sandbox" in args.only:
@@ -111,13 +112,13 @@ def main() -> int:
                     figures["notes"].append(f"sandbox escapes under Landlock not run: {no_kernel}")
                     continue
                 say(f"sandbox escapes, {mode}:")
-                r = run_named([(f"{e.id} ({mode})", (lambda e: lambda w: S.run_escape(e, mode, w) and e.what)(e)) for e in S.ESCAPES], work, f"sandbox-{mode}", args.jobs)
+                r = run_named([(f"{e.id} ({mode})", lambda w, e=e, mode=mode: S.run_escape(e, mode, w) and e.what) for e in S.ESCAPES], work, f"sandbox-{mode}", args.jobs)
                 figures[f"sandbox-{mode}"] = {"tried": r["tried"], "ok": r["survived"], "failed": r["failed"], "label": label}
 
         if "faults" in args.only:
             say("resource faults: an injected ENOSPC at every file write of a run")
             n_writes = L.count_writes(work / "enospc")
-            sweep = [(f"ENOSPC at file write {n} of {n_writes} (disk stays full)", (lambda n: lambda w: L.fault_errno_at(w, n))(n)) for n in range(1, n_writes + 1)]
+            sweep = [(f"ENOSPC at file write {n} of {n_writes} (disk stays full)", lambda w, n=n: L.fault_errno_at(w, n)) for n in range(1, n_writes + 1)]
             figures["enospc"] = run_named(sweep, work, "enospc", args.jobs)
             say("resource faults: named scenarios")
             L.template("chain")

@@ -107,7 +107,7 @@ def _engine(pack: Pack, profile: Profile, place: Place, tree: Path, state: Path)
 
 
 def _apply(engine, fixes: list[Fix]) -> None:
-    steps: list[dict] = []
+    steps: list = []
     try:
         for fix in fixes:
             steps = engine.apply_one(fix, steps, None)

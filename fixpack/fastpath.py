@@ -12,6 +12,8 @@ import json
 import os
 
 from fixpack.kinds import CHANGE_FILES
+from fixpack.locations import layer_port, lock_path
+from fixpack.locations import state_dir as state_folder
 
 
 def _sha(path: str) -> str | None:
@@ -59,14 +61,12 @@ def already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str 
 
 def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str | None, root: str | None, state_dir: str | None) -> dict | None:
     try:
-        with open(os.path.join(pack_root, "profiles", f"{profile}.lock.json"), "rb") as f:
+        with open(lock_path(pack_root, profile), "rb") as f:
             lock = json.load(f)
         packages = locate(lock["packages"], root)
         if packages is None:
             return None
-        if state_dir is None:
-            # same rule as targets.default_state_dir
-            state_dir = os.path.join(root, ".fixpack") if root else os.path.join(sorted(os.path.dirname(p) for p in packages.values())[0], ".fixpack")
+        state_dir = state_folder(packages.values(), root, state_dir)
         with open(os.path.join(state_dir, "state.json"), "rb") as f:
             state = json.load(f)
     except (OSError, ValueError, KeyError, ImportError):
@@ -85,8 +85,8 @@ def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str
     final: dict[str, str] = {}
     for pinned, recorded in zip(sel["steps"], steps, strict=True):  # equal lengths: checked above
         entry = lock["fixes"][pinned["fix"]]
-        layer = entry.get("layer", "profile")
-        base = os.path.join(pack_root, "ports", layer[5:], "fixes") if layer.startswith("port:") else os.path.join(pack_root, "fixes")
+        port_name = layer_port(entry.get("layer", "profile"))
+        base = os.path.join(pack_root, "ports", port_name, "fixes") if port_name else os.path.join(pack_root, "fixes")
         h = fix_hash(os.path.join(pack_root, entry["dir"]) if entry.get("dir") else os.path.join(base, pinned["fix"]))
         if h is None or h != lock["fixes"][pinned["fix"]]["hash"] or recorded.get("fix_hash") != h:
             return None

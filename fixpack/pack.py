@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fixpack import kinds, schema
 from fixpack.errors import ConfigError
+from fixpack.locations import port_layer
 from fixpack.paths import check_relpath
 
 
@@ -226,7 +227,7 @@ class Pack:
             d = self.root / rel_dir if rel_dir else base / fid
             if not d.is_dir():
                 raise ConfigError(f"fix {fid!r} has no folder {d}")
-            self._fix_cache[key] = load_fix(d, layer=f"port:{port.name}" if port else "profile")
+            self._fix_cache[key] = load_fix(d, layer=port_layer(port.name if port else None))
         return self._fix_cache[key]
 
     @staticmethod

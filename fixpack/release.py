@@ -15,6 +15,7 @@ from fixpack.engine import Engine, Reporter
 from fixpack.hashing import sha256_file
 from fixpack.lockfile import LOCK_FORMAT, selection_key
 from fixpack.pack import Pack, Port, Profile
+from fixpack.state import StateRecord, Step
 from fixpack.store import Store
 
 
@@ -54,14 +55,14 @@ def selections(pack: Pack, profile: Profile) -> list[tuple[Port | None, list[str
     return [(port, subset) for port in ports for subset in subsets]
 
 
-def record_selection(pack: Pack, profile: Profile, port: Port | None, opt_ins: list[str], tree: Path, quiet=True, memo: dict | None = None) -> list[dict]:
+def record_selection(pack: Pack, profile: Profile, port: Port | None, opt_ins: list[str], tree: Path, quiet=True, memo: dict | None = None) -> list[Step]:
     """Apply a selection to a pristine tree without pins, checking idempotence; return its steps."""
     found = {p: tree / p for p in profile.packages}
     store = Store(tree / ".fixpack")
     engine = Engine(pack, profile, port, opt_ins, found, store, None, report=Reporter(quiet=quiet), check_idempotent=True, memo=memo)
     engine.apply()
     state = store.read_state()
-    return state["steps"] if state is not None else []  # no state record: nothing was applied
+    return state.steps if isinstance(state, StateRecord) else []  # no state record: nothing was applied
 
 
 def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, quiet=True) -> dict:
@@ -78,11 +79,11 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
             steps = record_selection(pack, profile, port, opt, tree, quiet=quiet, memo=memo)
         key = selection_key(port.name if port else None, opt)
         for s in steps:
-            fixes[s["fix"]] = {"layer": s["layer"], "hash": s["fix_hash"], **({"dir": s["dir"]} if s.get("dir") else {})}
-            for rel in s["files"]:
+            fixes[s.fix] = {"layer": str(s.layer), "hash": s.fix_hash, **({"dir": s.dir} if s.dir else {})}
+            for rel in s.files:
                 pkg, sub = rel.split("/", 1)
                 pristine.setdefault(rel, manifest[pkg][sub])
-        sels.append({"key": key, "port": port.name if port else None, "opt_in": opt, "steps": [{"fix": s["fix"], "files": s["files"]} for s in steps]})
+        sels.append({"key": key, "port": port.name if port else None, "opt_in": opt, "steps": [{"fix": s.fix, "files": s.files} for s in steps]})
     return {
         "format": LOCK_FORMAT,
         "profile": profile.name,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fixpack.errors import Drift, EnvironmentFault, Locked
 from fixpack.hashing import sha256_bytes
+from fixpack.state import Journal, StateRecord, Unreadable
 
 STATE_FORMAT = 1
 
@@ -129,10 +130,6 @@ def _steps_ok(steps) -> bool:
     return isinstance(steps, list) and all(isinstance(s, dict) and isinstance(s.get("fix"), str) and _files_ok(s.get("files")) for s in steps)
 
 
-def _state_shape_ok(state: dict) -> bool:
-    return state.get("__corrupt__") is True or _steps_ok(state.get("steps", []))
-
-
 class Store:
     def __init__(self, state_dir: Path):
         self.dir = state_dir
@@ -175,7 +172,7 @@ class Store:
         return (self.objects / h[:2] / h[2:]).is_file()
 
     # ---- state record and journal
-    def read_json(self, path: Path) -> dict | None:
+    def _read_json(self, path: Path) -> dict | Unreadable | None:
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -185,32 +182,38 @@ class Store:
         try:
             data = json.loads(raw)
         except ValueError:
-            return {"__corrupt__": True}
-        return data if isinstance(data, dict) else {"__corrupt__": True}
+            return Unreadable(f"{path} is not JSON")
+        return data if isinstance(data, dict) else Unreadable(f"{path} does not hold a JSON object")
 
-    def read_state(self) -> dict | None:
-        state = self.read_json(self.state_path)
-        return state if state is None or _state_shape_ok(state) else {"__corrupt__": True}
+    def read_state(self) -> StateRecord | Unreadable | None:
+        """The state record; None when there is none, `Unreadable` when it is not one."""
+        data = self._read_json(self.state_path)
+        if data is None or isinstance(data, Unreadable):
+            return data
+        if not _steps_ok(data.get("steps", [])):
+            return Unreadable(f"{self.state_path}: its steps are not [{{fix, files: {{path: [before, after]}}}}]")
+        return StateRecord.from_json(data)
 
-    def write_state(self, state: dict) -> None:
-        state = dict(state, format=STATE_FORMAT, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        atomic_write(self.state_path, json.dumps(state, indent=1, sort_keys=True).encode() + b"\n", label="state.json")
+    def write_state(self, state: StateRecord) -> None:
+        data = dict(state.to_json(), format=STATE_FORMAT, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        atomic_write(self.state_path, json.dumps(data, indent=1, sort_keys=True).encode() + b"\n", label="state.json")
 
-    def read_journal(self) -> dict | None:
-        journal = self.read_json(self.journal_path)
-        if journal is None or journal.get("__corrupt__"):
-            return journal
+    def read_journal(self) -> Journal | Unreadable | None:
+        """The journal of a commit in progress; only a complete one is used."""
+        data = self._read_json(self.journal_path)
+        if data is None or isinstance(data, Unreadable):
+            return data
         ok = (
-            journal.get("op") in ("apply", "unwind")
-            and _steps_ok([journal.get("step")])
-            and _files_ok(journal.get("files"))
-            and isinstance(journal.get("state_base"), dict)
-            and _steps_ok(journal.get("steps_before"))
+            data.get("op") in ("apply", "unwind")
+            and _steps_ok([data.get("step")])
+            and _files_ok(data.get("files"))
+            and isinstance(data.get("state_base"), dict)
+            and _steps_ok(data.get("steps_before"))
         )
-        return journal if ok else {"__corrupt__": True}
+        return Journal.from_json(data) if ok else Unreadable(f"{self.journal_path} is incomplete")
 
-    def write_journal(self, journal: dict) -> None:
-        atomic_write(self.journal_path, json.dumps(journal, indent=1).encode(), label="journal.json")
+    def write_journal(self, journal: Journal) -> None:
+        atomic_write(self.journal_path, json.dumps(journal.to_json(), indent=1).encode(), label="journal.json")
 
     def clear_journal(self) -> None:
         try:

@@ -46,10 +46,9 @@ def require(found: dict[str, Path], needed: list[str], root: Path | None) -> Non
 
 def default_state_dir(found: dict[str, Path], root: Path | None) -> Path:
     """The state record lives beside the targets: in --root, or in the folder holding the packages."""
-    if root is not None:
-        return root / ".fixpack"
-    parents = sorted({p.parent for p in found.values()})
-    return parents[0] / ".fixpack"
+    from fixpack.locations import state_dir
+
+    return Path(state_dir(found.values(), root))
 
 
 def _read(path: Path, limit: int = 65536) -> str | None:

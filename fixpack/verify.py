@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fixpack.hashing import sha256_file, short
 from fixpack.lockfile import Lock
+from fixpack.state import Unreadable
 from fixpack.store import Store
 
 
@@ -39,7 +40,7 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Line
         report.say(f"interrupted: {store.journal_path} records a fix being committed; the next `fixpack apply` or `fixpack revert` finishes it")
         result["interrupted"] = True
         result["drift"] = True
-    if state is None or state.get("__corrupt__"):
+    if state is None or isinstance(state, Unreadable):
         result["applied"] = None
         report.say("no state record: nothing applied by fixpack" if state is None else f"state record {store.state_path} is corrupt")
         if state is not None:
@@ -57,32 +58,31 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Line
                         result["drift"] = True
                         report.line(rel, status, f"found {short(now)}, pristine is {short(h)}")
         return (5 if result["drift"] else 0), result
-    result["applied"] = {k: state.get(k) for k in ("profile", "port", "opt_in", "key", "tool_version", "updated")}
-    report.say(f"profile {state.get('profile')}  selection {state.get('key')}  by fixpack {state.get('tool_version')} at {state.get('updated')}")
-    found_ids = (state.get("base") or {}).get("found") or {}
+    result["applied"] = {k: getattr(state, k) for k in ("profile", "port", "opt_in", "key", "tool_version", "updated")}
+    report.say(f"profile {state.profile}  selection {state.key}  by fixpack {state.tool_version} at {state.updated}")
+    found_ids = (state.base or {}).get("found") or {}
     for pkg, info in found_ids.items():
         report.say(f"  {pkg}: " + ", ".join(f"{k}={v}" for k, v in info.items()))
     result["base"] = found_ids
     # which walls stood around the fix processes that made this state (older records lack it)
-    result["protection"] = state.get("protection")
-    prot = state.get("protection") or {}
+    result["protection"] = state.protection
+    prot = state.protection or {}
     if prot:
         kernel = f"Landlock ABI {prot.get('abi')}" + (" and seccomp (kernel)" if prot.get("seccomp") else " (kernel)") if prot.get("sandbox") == "landlock" else f"no Landlock ({prot.get('reason')})"
         report.say(f"  fix processes confined by: {kernel}, audit hook, {prot.get('detection', 'snapshot')} check")
     final: dict[str, str] = {}
-    for s in state.get("steps", []):
-        for rel, (_, after) in s["files"].items():
-            final[rel] = after
+    for s in state.steps:
+        final.update(s.after())
     cur: dict[str, str | None] = {}
     for rel in final:
         package, sub = rel.split("/", 1)
         p = found.get(package, Path("/nonexistent")) / sub
         cur[rel] = sha256_file(p) if p.is_file() and not p.is_symlink() else None
-    for s in state.get("steps", []):
-        ok = all(cur[rel] == final[rel] for rel in s["files"])
+    for s in state.steps:
+        ok = all(cur[rel] == final[rel] for rel in s.files)
         status = "applied" if ok else "drifted"
-        report.line(s["fix"], status, ", ".join(f"{rel}: {short(cur[rel])}" for rel in s["files"]) if not ok else f"{len(s['files'])} file(s)")
-        result["fixes"].append({"fix": s["fix"], "status": status, "files": list(s["files"]), "sandbox": s.get("sandbox")})
+        report.line(s.fix, status, ", ".join(f"{rel}: {short(cur[rel])}" for rel in s.files) if not ok else f"{len(s.files)} file(s)")
+        result["fixes"].append({"fix": s.fix, "status": status, "files": list(s.files), "sandbox": s.sandbox})
         result["drift"] |= not ok
     for rel in final:
         result["files"][rel] = {"status": "fixed" if cur[rel] == final[rel] else "drifted", "found": cur[rel], "expected": final[rel]}

@@ -18,8 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fixpack.pack import load_fix  # noqa: E402
+from fixpack.pack import load_fix  # installed by scripts/setup.sh (`pip install -e .`)
 
 
 def apply(fix_dir: Path, tree: Path, stage: Path) -> None:

@@ -302,3 +302,22 @@ def fault_fixpack(*args: str, pack: Path | None = None, faults: dict | None = No
     e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(REPO))
     e.update(faults or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=REPO)
+
+
+def git_run(cwd: Path, *args: str) -> str:
+    """git in ``cwd`` with a fixed identity; its stdout."""
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+def repo_of(tree: Path, dest: Path, packages: list[str], edit=None) -> str:
+    """A git repository holding ``packages`` from ``tree`` (after ``edit``); returns its commit."""
+    dest.mkdir(parents=True)
+    for p in packages:
+        shutil.copytree(tree / p, dest / p)
+    if edit:
+        edit(dest)
+    git_run(dest, "init", "-q")
+    git_run(dest, "add", "-A")
+    git_run(dest, "commit", "-q", "-m", "snapshot")
+    return git_run(dest, "rev-parse", "HEAD")

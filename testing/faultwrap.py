@@ -21,11 +21,9 @@ own process, with one thing going wrong:
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import sys
-
 
 _writes = 0
 _real_write = os.write
@@ -69,7 +67,7 @@ def _act(action: str, path: str) -> None:
 
 def install() -> None:
     os.write = _faulty_write
-    import fixpack.engine
+    import fixpack.journal
     import fixpack.store
 
     real_crashpoint = fixpack.store.crashpoint
@@ -84,7 +82,7 @@ def install() -> None:
         real_crashpoint(label)
 
     fixpack.store.crashpoint = crashpoint
-    fixpack.engine.crashpoint = crashpoint
+    fixpack.journal.crashpoint = crashpoint
 
 
 def main() -> int:

@@ -21,10 +21,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
 
 from testing import builders as B
 from testing import reliability_lib as L

@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from testing import builders as B
 
 REPO = B.REPO
@@ -847,7 +846,7 @@ def _wait_all(procs: list[subprocess.Popen], bound: float) -> list[tuple[int, st
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            raise AssertionError(f"deadlock or starvation: runs still going after {bound:.0f} s")
+            raise AssertionError(f"deadlock or starvation: runs still going after {bound:.0f} s") from None
         out.append((p.returncode, o + e))
     return out
 

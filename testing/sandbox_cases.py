@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-
 
 from testing import builders as B
 from testing import reliability_lib as L

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from testing.builders import REPO
 from fixpack.forkserver import ForkServer, ServerDied
+from testing.builders import REPO
 
 SRC = "def f():\n    return 1\n"
 
@@ -121,7 +121,7 @@ def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
 
 
 def test_what_confined_a_child_is_its_first_line_and_a_fix_cannot_forge_it(server, tmp_path):
-    from fixpack.engine import Engine
+    from fixpack.runner import Runner
 
     forged = json.dumps({"protection": {"sandbox": "landlock", "abi": 7, "seccomp": True}})
     body = f"print({forged!r}, flush=True); return replace_once(node, 'return 1', 'return 2')"
@@ -129,5 +129,5 @@ def test_what_confined_a_child_is_its_first_line_and_a_fix_cannot_forge_it(serve
     assert r["rc"] == 0, r
     lines = r["stdout"].splitlines()
     assert json.loads(lines[1]) == json.loads(forged)  # the fix did print its claim ...
-    got = Engine._protection_of(r)  # ... but the driver reads the line written before the fix loaded
+    got = Runner.protection_of(r)  # ... but the driver reads the line written before the fix loaded
     assert got == {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}

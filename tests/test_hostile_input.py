@@ -5,6 +5,7 @@ testing/hostile_cases.py, shared with bench/reliability_report.py."""
 from __future__ import annotations
 
 import pytest
+
 from testing.builders import DIFF_OPT, fixpack, make_pack, new_tree, tree_digest, write_lock
 from testing.hostile_cases import CASES, run_case
 

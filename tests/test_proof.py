@@ -182,10 +182,10 @@ def test_parts_of_a_diff_and_of_an_edit_are_left_out_one_at_a_time(tmp_path):
 
 
 def test_requires_closure_names_a_missing_fix():
+    from pathlib import Path
+
     from fixpack import proof
     from fixpack.errors import ConfigError
-
-    from pathlib import Path
 
     a = SimpleNamespace(id="a", requires=[], dir=Path("fixes/a"))
     b = SimpleNamespace(id="b", requires=["a"], dir=Path("fixes/b"))

@@ -26,7 +26,6 @@ from pathlib import Path
 from unittest import mock
 
 import yaml
-from testing.builders import fix_yaml, write_lock, write_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +36,7 @@ from fixpack.lockfile import Lock
 from fixpack.pack import Pack
 from fixpack.store import Store
 from fixpack.verify import Lines, verify
+from testing.builders import fix_yaml, write_lock, write_tree
 
 FILES = ["pkg_a/r0.txt", "pkg_b/r1.txt"]
 
@@ -78,8 +78,8 @@ def apply_edits(data: bytes, edits, eol: str) -> bytes:
 
 
 def make_diff(rel: str, old: bytes, new: bytes) -> bytes:
-    a = [l.decode() for l in split_keep(old)]
-    b = [l.decode() for l in split_keep(new)]
+    a = [part.decode() for part in split_keep(old)]
+    b = [part.decode() for part in split_keep(new)]
     out = []
     for line in difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}", lineterm="\n"):
         if line.startswith(("---", "+++")):
@@ -115,7 +115,7 @@ def random_pack(files, fixes_per_file, data):
         root = Path(d) / "pack"
         src = write_tree(root / "pristine")
         pristine, final, entries = {}, {}, []
-        for rel, (lines, eol, nl) in zip(FILES, files):
+        for rel, (lines, eol, nl) in zip(FILES, files, strict=False):
             content = render(lines, eol, nl)
             (src / rel).write_bytes(content)
             os.chmod(src / rel, data.draw(st.sampled_from([0o644, 0o600, 0o755, 0o640])))

@@ -308,7 +308,7 @@ def render(messages, **kw):
     """As vLLM renders it: transformers' sandboxed Jinja environment (trim_blocks, lstrip_blocks,
     its tojson)."""
     jinja2 = pytest.importorskip("jinja2")
-    import jinja2.ext
+    import jinja2.ext  # noqa: F811  (the submodule: importorskip gave the package)
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], undefined=jinja2.Undefined)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_real_release import proof_holds
 
 from testing.builders import REPO, fixpack
-from test_real_release import proof_holds
 
 pytestmark = pytest.mark.release
 

@@ -6,6 +6,7 @@ process) and the next run finishes its interrupted fix from the journal."""
 from __future__ import annotations
 
 import pytest
+
 from testing import reliability_lib as L
 
 SCENARIOS = dict(L.concurrency_scenarios())

@@ -10,6 +10,7 @@ bench/reliability_report.py run every point.
 from __future__ import annotations
 
 import pytest
+
 from testing import reliability_lib as L
 from testing.builders import fixpack
 

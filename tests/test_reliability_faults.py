@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 
 import pytest
+
 from testing import reliability_lib as L
 
 SCENARIOS = dict(L.fault_scenarios())

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
 
 from testing import builders as B
 from testing import reliability_lib as L

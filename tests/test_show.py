@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 import yaml
-from testing.builders import make_pack, pristine_source, write_lock
 
 from fixpack.main import main
+from testing.builders import make_pack, pristine_source, write_lock
 
 SOURCES = {
     "pkg_a": {"kind": "wheel", "distribution": "pkg-a", "version": "1.0"},

@@ -51,8 +51,10 @@ def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = Tru
     store = Store(args.state_dir.resolve() if args.state_dir else default_state_dir(found, root))
     if port_obj is None and keep_applied_port:
         # A container start names the profile and its opt-ins; the port applied at image build stays.
+        from fixpack.state import StateRecord
+
         state = store.read_state()
-        applied_port = state.get("port") if isinstance(state, dict) and not state.get("__corrupt__") else None
+        applied_port = state.port if isinstance(state, StateRecord) else None
         if isinstance(applied_port, str) and applied_port in pack.port_names():
             port_obj = pack.port(applied_port)
             if not (quiet or args.json):

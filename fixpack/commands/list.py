@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fixpack.commands._common import emit_json, pack_of
+from fixpack.locations import port_layer
 
 
 def add_parser(sub):
@@ -55,7 +56,7 @@ def run(args) -> int:
         rows = []
         if args.port:
             port = pack.port(args.port)
-            rows += [(pack.fix(p, port=port), f"port:{port.name}") for p in port.patches]
+            rows += [(pack.fix(p, port=port), port_layer(port.name)) for p in port.patches]
         rows += [(pack.fix(e.id, rel_dir=pack.entry_dir(profile, e)), "opt-in" if e.opt_in else "default") for e in profile.entries]
         bases = base_lines(profile)
         entry = {"profile": name, "ports": pack.port_names(), "bases": bases, "fixes": []}

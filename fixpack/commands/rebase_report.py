@@ -1,248 +1,53 @@
-"""fixpack rebase-report: what happens to each fix on another release.
-
-Each fix, in pack order (defaults and every opt-in), is tried on the other release's
-pristine tree, stacked on the fixes before it that still apply. By default its tests also run
-there without it (`--no-tests`: the text-only report): every test green means the new release
-no longer has the defect, whatever the text says. Classes:
-  exact     applies exactly
-  offset    applies at an offset: needs a refresh (the refreshed diff is shown)
-  conflict  some hunks no longer match (named)
-  upstream  already upstream: retire it. Its tests pass on the new release without it, or
-            the new release has the fixed text (an edit or codemod changes nothing, a diff's new side
-            is there)
-  duplicate its change would apply, but the lines it adds are already in the target: upstream
-            fixed it in its own place, and applying it would add them twice
-  moved     a target file moved or was removed
-  nomatch   an edit's definition or a codemod's place is found 0 times
-A test run is reported beside the class: green (retire), red (the defect is still there:
-carry the fix), or "cannot run" (the new release breaks the test itself; the class is then
-from the text alone).
-"""
+"""fixpack rebase-report: classify every fix against another release (fixpack/rebase.py)."""
 
 from __future__ import annotations
 
 import argparse
-import copy
-import os
 from pathlib import Path
 
 from fixpack.commands._common import emit_json, pack_of, profile_name
-from fixpack.errors import ConfigError
 
 
 def add_parser(sub):
     p = sub.add_parser("rebase-report", help="classify every fix against another vllm-gaudi commit and/or vLLM version")
     p.add_argument("--profile")
     p.add_argument("--pack", type=Path)
-    p.add_argument("--onto", action="append", default=[], metavar="PACKAGE=REF", help="e.g. vllm_gaudi=<commit or tag>, vllm=0.27.0")
-    p.add_argument("--no-tests", action="store_true", help="text only: do not run each fix's tests on the new release without it")
+    p.add_argument(
+        "--onto",
+        action="append",
+        default=[],
+        metavar="PACKAGE=REF",
+        help="e.g. vllm_gaudi=<commit or tag>, vllm=0.27.0",
+    )
+    p.add_argument(
+        "--no-tests", action="store_true", help="text only: do not run each fix's tests on the new release without it"
+    )
     p.add_argument("--run-tests", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
-    p.add_argument("--only", nargs="*", default=None, help="report only these fixes (the ones before them are still stacked)")
+    p.add_argument(
+        "--only", nargs="*", default=None, help="report only these fixes (the ones before them are still stacked)"
+    )
     p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--show-diffs", action="store_true", help="print refreshed diffs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run, command_name="rebase-report")
 
 
-def new_sources(profile, onto: list[str]) -> dict:
-    from fixpack import sources
-
-    srcs = copy.deepcopy(profile.base["sources"])
-    if not onto:
-        raise ConfigError("give at least one --onto PACKAGE=REF")
-    for item in onto:
-        if "=" not in item:
-            raise ConfigError(f"--onto {item!r}: expected PACKAGE=REF")
-        pkg, ref = item.split("=", 1)
-        if pkg not in srcs:
-            raise ConfigError(f"--onto {item!r}: {pkg} is not a source of the profile ({', '.join(srcs)})")
-        spec = srcs[pkg]
-        if spec["kind"] == "wheel":
-            spec["version"] = ref
-            spec.pop("commit", None)
-        else:
-            spec["commit"] = sources.rev_parse(spec["repo"], ref) if len(ref) != 40 else ref
-            spec["tag"] = ref
-    return srcs
-
-
-def classify(fix, tree: Path, found: dict) -> tuple[str, dict[str, bytes], list[str], str]:
-    """(class, new file contents, notes, refreshed diff)."""
-    changes: dict[str, bytes] = {}
-    notes: list[str] = []
-    for t in fix.targets:
-        if not (tree / t.rel).is_file():
-            return "moved", {}, [f"{t.rel} is not in the new release"], ""
-    if fix.kind == "diff":
-        from fixpack.diffpatch import parse_diff, rebase_file_patch, unified
-
-        classes = []
-        refreshed = []
-        for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
-            data = (tree / fp.path).read_bytes()
-            status, new, n = rebase_file_patch(data, fp)
-            classes.append(status)
-            notes += [f"{fp.path}: {x}" for x in n]
-            if new is not None:
-                changes[fp.path] = new
-                if status == "offset":
-                    refreshed.append(unified(data, new, fp.path))
-        for cls in ("conflict", "upstream", "offset"):
-            if cls in classes:
-                if cls == "upstream" and len(set(classes)) > 1:
-                    return "conflict", {}, notes, ""
-                return cls, (changes if cls == "offset" else {}), notes, "".join(refreshed)
-        return "exact", changes, notes, ""
-    from fixpack import kinds
-    from fixpack.kinds.base import ChangeError
-
-    sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
-    try:
-        changes = kinds.module(fix.kind).apply(fix.dir, sources).outputs
-    except ChangeError as exc:
-        msg = str(exc)
-        return ("nomatch" if "found 0" in msg else "conflict"), {}, [msg], ""
-    same = all(changes[rel] == sources[rel] for rel in sources)
-    return ("upstream" if same else "exact"), ({} if same else changes), ([f"the {fix.kind} changes nothing: the fixed code is already there"] if same else []), ""
-
-
-def _significant(line: str) -> str | None:
-    """An added line worth looking for: code, not blank, not a comment, not a lone keyword or
-    bracket (``return False``-sized lines match anywhere and prove nothing)."""
-    text = line.strip()
-    if not text or text.startswith("#") or len(text) < 12:
-        return None
-    return text
-
-
-def added_lines(fix, tree: Path) -> dict[str, list[str]]:
-    """The significant lines the fix adds, by target: a diff's '+' lines, a codemod's new
-    text beyond its old text."""
-    out: dict[str, list[str]] = {}
-    if fix.kind == "diff":
-        from fixpack.diffpatch import parse_diff
-
-        for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
-            for h in fp.hunks:
-                removed = {raw.decode("utf-8", "replace").strip() for raw in h.old}
-                for raw in h.new:
-                    t = _significant(raw.decode("utf-8", "replace"))
-                    if t and t not in removed:
-                        out.setdefault(fp.path, []).append(t)
-        return out
-    if fix.kind == "edit":
-        from fixpack.kinds.edit import load
-
-        calls = [(e.target, e.old, e.new) for e in load(fix.dir)]
-    else:  # a codemod's new lines are those of its output where it applies
-        import difflib
-
-        from fixpack import kinds
-        from fixpack.kinds.base import ChangeError
-
-        sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets if (tree / t.rel).is_file()}
-        try:
-            outputs = kinds.module(fix.kind).apply(fix.dir, sources).outputs if len(sources) == len(fix.targets) else {}
-        except ChangeError:
-            outputs = {}
-        calls = []
-        for rel, data in outputs.items():
-            lines = list(difflib.unified_diff(sources[rel].decode().splitlines(), data.decode().splitlines(), lineterm="", n=0))
-            calls.append((rel, "\n".join(x[1:] for x in lines if x[:1] == "-" and not x.startswith("---")), "\n".join(x[1:] for x in lines if x[:1] == "+" and not x.startswith("+++"))))
-    for rel, old, new in calls:
-        old_lines = {line.strip() for line in old.splitlines()}
-        for line in new.splitlines():
-            t = _significant(line)
-            if t and t not in old_lines:
-                out.setdefault(rel, []).append(t)
-    return out
-
-
-def duplicates(fix, tree: Path) -> list[str]:
-    """Targets in which every significant line the fix adds is already present."""
-    found = []
-    for rel, lines in added_lines(fix, tree).items():
-        path = tree / rel
-        if not lines or not path.is_file():
-            continue
-        have = {line.strip() for line in path.read_text(errors="replace").splitlines()}
-        if all(line in have for line in lines):
-            found.append(f"{rel}: all {len(lines)} line(s) it adds are already there (e.g. {lines[0][:70]!r})")
-    return found
-
-
-def test_verdict(fix, tree: Path, timeout: float) -> tuple[str, str]:
-    """('green' | 'red' | 'cannot run', one line) for the fix's tests on ``tree``."""
-    from fixpack import proof
-
-    run = proof.run_tests(fix, tree, timeout)
-    if not run.reported:
-        return "cannot run", run.summary
-    if run.collect_errors:
-        return "cannot run", f"collection: {run.collect_errors[0]['cause']}"
-    guards = list(fix.meta.get("regression_guards") or [])
-    reds: list[str] = []
-    broken: list[str] = []
-    n = 0
-    for nodeid, rec in run.tests.items():
-        if any(proof.guard_matches(g, nodeid, rec["name"]) for g in guards):
-            continue  # a guard passes with or without the fix: it says nothing here
-        n += 1
-        fail = proof._failure(rec)
-        if fail is None:
-            continue
-        ok, cause = proof.red_of(rec)
-        (reds if ok else broken).append(f"{nodeid.split('::', 1)[-1]}: {cause}")
-    if broken:
-        return "cannot run", broken[0]
-    if reds:
-        return "red", f"{len(reds)} of {n} test(s) red: {reds[0]}"
-    return "green", f"all {n} test(s) pass without the fix"
-
-
 def run(args) -> int:
-    from fixpack import release, sources
-    from fixpack.store import atomic_write
+    from fixpack.rebase import LABELS, new_sources, rebase_report
 
     pack = pack_of(args)
     profile = pack.profile(profile_name(args, pack))
     srcs = new_sources(profile, args.onto)
-    fixes = pack.selection(profile, profile.opt_ins)
-    if args.only is not None:
-        unknown = sorted(set(args.only) - {f.id for f in fixes})
-        if unknown:
-            raise ConfigError(f"--only: {', '.join(unknown)} not in profile {profile.name}")
-    rows = []
-    with release.scratch("fixpack-rebase-") as work:
-        tree = sources.materialise(srcs, work / "tree")
-        found = {p: tree / p for p in profile.packages}
-        for fix in fixes:
-            wanted = args.only is None or fix.id in args.only
-            tests = None
-            if wanted and not args.no_tests:
-                tests = test_verdict(fix, tree, args.test_timeout)
-            cls, changes, notes, refreshed = classify(fix, tree, found)
-            if cls in ("exact", "offset"):
-                dup = duplicates(fix, tree)
-                if dup:
-                    cls, notes = "duplicate", notes + dup
-            if tests is not None:
-                notes.append(f"tests without the fix: {tests[0]} ({tests[1]})")
-                if tests[0] == "green" and cls != "moved":
-                    cls = "upstream"
-            for rel, data in changes.items():
-                if cls in ("exact", "offset"):
-                    atomic_write(tree / rel, data, like=os.stat(tree / rel))  # the next fixes stack on it
-            if wanted:
-                rows.append({"fix": fix.id, "class": cls, "tests": tests[0] if tests else None, "notes": notes, "refreshed_diff": refreshed})
+    rows = rebase_report(pack, profile, srcs, only=args.only, tests=not args.no_tests, test_timeout=args.test_timeout)
     if args.json:
         emit_json({"profile": profile.name, "onto": srcs, "fixes": rows})
         return 0
-    print(f"rebase report: profile {profile.name} onto " + ", ".join(f"{k}={v.get('tag') or v.get('version')}" for k, v in srcs.items() if k in dict(x.split('=', 1) for x in args.onto)))
-    labels = {"exact": "applies exactly", "offset": "applies at an offset (refresh)", "conflict": "CONFLICTS", "upstream": "already upstream: retire", "duplicate": "DUPLICATE: upstream has its lines", "moved": "target moved/removed", "nomatch": "definition/place found 0 times"}
+    named = dict(x.split("=", 1) for x in args.onto)
+    onto = ", ".join(f"{k}={v.get('tag') or v.get('version')}" for k, v in srcs.items() if k in named)
+    print(f"rebase report: profile {profile.name} onto {onto}")
     for r in rows:
         t = f"  [tests without it: {r['tests']}]" if r["tests"] else ""
-        print(f"  {r['fix']:<34} {labels[r['class']]}{t}")
+        print(f"  {r['fix']:<34} {LABELS[r['class']]}{t}")
         for n in r["notes"][:5]:
             print(f"      {n[:200]}")
         if args.show_diffs and r["refreshed_diff"]:
@@ -250,5 +55,5 @@ def run(args) -> int:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["class"]] = counts.get(r["class"], 0) + 1
-    print("summary: " + ", ".join(f"{v} {labels[k]}" for k, v in counts.items()))
+    print("summary: " + ", ".join(f"{v} {LABELS[k]}" for k, v in counts.items()))
     return 0

@@ -16,13 +16,14 @@ def add_parser(sub):
 
 def run(args) -> int:
     from fixpack import engine as eng
+    from fixpack.state import StateRecord
 
     if bool(args.fix) == bool(args.all):
         raise ConfigError("name one fix to revert, or pass --all")
     # The engine is built for the selection recorded in the state, so its paths and pins match.
     probe = make_engine(args, pinned=False, quiet=True)
-    state = probe.store.read_state() or {}
-    opt_in = state.get("opt_in") or []
-    port = state.get("port")
+    state = probe.store.read_state()
+    opt_in = (state.opt_in or []) if isinstance(state, StateRecord) else []
+    port = state.port if isinstance(state, StateRecord) else None
     engine = make_engine(args, opt_ins=opt_in, port=port, pinned=probe.profile.lock_path.exists(), check_pack=False)
     return eng.revert(engine, None if args.all else args.fix)

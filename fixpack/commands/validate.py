@@ -6,6 +6,7 @@ from pathlib import Path
 
 from fixpack.commands._common import pack_of
 from fixpack.errors import ConfigError, FixpackError
+from fixpack.locations import port_layer
 
 
 def add_parser(sub):
@@ -64,7 +65,7 @@ def run(args) -> int:
     errors: list[str] = []
     checked = 0
     own = sorted(set(_own_fix_dirs(pack)) - {"fixes"})  # profiles' own fix folders
-    for base, layer in [(pack.root / "fixes", "profile")] + [(pack.root / d, "profile") for d in own] + [(pack.root / "ports" / n / "fixes", f"port:{n}") for n in pack.port_names()]:
+    for base, layer in [(pack.root / "fixes", "profile")] + [(pack.root / d, "profile") for d in own] + [(pack.root / "ports" / n / "fixes", port_layer(n)) for n in pack.port_names()]:
         if not base.is_dir():
             continue
         for d in sorted(base.iterdir()):

@@ -20,6 +20,7 @@ def _applied_profile(lock, root, state_dir) -> str | None:
     from pathlib import Path
 
     from fixpack.fastpath import locate
+    from fixpack.locations import state_dir as state_folder
 
     if lock is None:
         return None
@@ -27,7 +28,7 @@ def _applied_profile(lock, root, state_dir) -> str | None:
     found = [Path(v) for v in packages.values() if os.path.isdir(v)]
     if not found:
         return None
-    d = state_dir.resolve() if state_dir else (root / ".fixpack" if root else sorted(p.parent for p in found)[0] / ".fixpack")
+    d = Path(state_folder(found, root, state_dir.resolve() if state_dir else None))
     try:
         name = json.loads((d / "state.json").read_text()).get("profile")
     except (OSError, ValueError, AttributeError):
@@ -39,6 +40,8 @@ def run(args) -> int:
     from pathlib import Path
 
     from fixpack.fastpath import locate
+    from fixpack.locations import lock_path as lock_of
+    from fixpack.locations import state_dir as state_folder
     from fixpack.lockfile import Lock
     from fixpack.store import Store
     from fixpack.verify import Lines, verify
@@ -46,7 +49,7 @@ def run(args) -> int:
     pack = (args.pack or Path(__file__).resolve().parents[2]).resolve()
     root = args.root.resolve() if args.root else None
     if args.profile:
-        lock_path = pack / "profiles" / f"{args.profile}.lock.json"
+        lock_path = Path(lock_of(pack, args.profile))
     else:
         locks = sorted(glob.glob(str(pack / "profiles" / "*.lock.json")))
         if len(locks) == 1:
@@ -56,7 +59,7 @@ def run(args) -> int:
             applied = _applied_profile(Lock.load(Path(locks[0])) if locks else None, root, args.state_dir)
             if applied is None:
                 raise ConfigError(f"--profile is required: this image has no state record naming one (locks: {', '.join(os.path.basename(p) for p in locks) or 'none'})")
-            lock_path = pack / "profiles" / f"{applied}.lock.json"
+            lock_path = Path(lock_of(pack, applied))
     lock = Lock.load(lock_path)
     packages = locate(lock.data["packages"], str(root) if root else None) or {}
     found = {k: Path(v) for k, v in packages.items() if os.path.isdir(v)}
@@ -65,7 +68,7 @@ def run(args) -> int:
         from fixpack.errors import BaseMismatch
 
         raise BaseMismatch(f"package(s) {', '.join(missing)} not found {'under ' + str(root) if root else 'in this environment'}")
-    state_dir = args.state_dir.resolve() if args.state_dir else (root / ".fixpack" if root else sorted(p.parent for p in found.values())[0] / ".fixpack")
+    state_dir = Path(state_folder(found.values(), root, args.state_dir.resolve() if args.state_dir else None))
     report = Lines(quiet=args.json)
     rc, result = verify(found, Store(state_dir), lock, report)
     if args.json:

@@ -12,6 +12,7 @@ import stat
 import pytest
 
 from fixpack.errors import Drift, Locked
+from fixpack.state import Journal, StateRecord, Unreadable
 from fixpack.store import Store, atomic_write, drop_bytecode, fs_error
 
 H = "ab" * 32  # a well-formed sha256
@@ -71,16 +72,18 @@ def test_state_record_round_trips_and_a_bad_one_reads_as_corrupt(tmp_path):
     store.ensure()
     assert store.read_state() is None
     steps = [{"fix": "a", "files": {"pkg/m.py": [H, "cd" * 32]}}]
-    store.write_state({"key": "-|", "steps": steps})
+    store.write_state(StateRecord.from_json({"key": "-|", "steps": steps}))
     state = store.read_state()
-    assert state["steps"] == steps and state["key"] == "-|" and state["format"] == 1 and state["updated"].endswith("Z")
+    assert isinstance(state, StateRecord)
+    assert [(s.fix, s.files) for s in state.steps] == [(s["fix"], s["files"]) for s in steps]
+    assert state.key == "-|" and state.format == 1 and state.updated.endswith("Z")
     for bad in (
         b"{not json",
         b"[1, 2]",
         json.dumps({"steps": [{"fix": "a", "files": {"pkg/m.py": ["short", H]}}]}).encode(),
     ):
         store.state_path.write_bytes(bad)
-        assert store.read_state() == {"__corrupt__": True}
+        assert isinstance(store.read_state(), Unreadable)
 
 
 def test_journal_is_read_only_when_complete(tmp_path):
@@ -93,10 +96,19 @@ def test_journal_is_read_only_when_complete(tmp_path):
         "state_base": {},
         "steps_before": [],
     }
-    store.write_journal(journal)
-    assert store.read_journal() == journal
-    store.write_journal(dict(journal, op="delete"))
-    assert store.read_journal() == {"__corrupt__": True}
+    store.write_journal(Journal.from_json(journal))
+    got = store.read_journal()
+    assert isinstance(got, Journal)
+    assert (got.op, got.step.fix, got.step.files, got.files, got.state_base.to_json(steps=False), got.steps_before) == (
+        "apply",
+        "a",
+        journal["step"]["files"],
+        journal["files"],
+        {},
+        [],
+    )
+    store.write_journal(Journal.from_json(dict(journal, op="delete")))
+    assert isinstance(store.read_journal(), Unreadable)
     store.clear_journal()
     assert store.read_journal() is None
     store.clear_journal()  # already gone: nothing to do

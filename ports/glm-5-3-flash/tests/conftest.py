@@ -1,15 +1,7 @@
-import sys
-from pathlib import Path
-
-PORT_ROOT = Path(__file__).resolve().parents[1]
-if str(PORT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PORT_ROOT))
-TESTS = Path(__file__).resolve().parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+# The port folder (glm5_next_hpu) and this folder (reference_harness) are on sys.path through
+# `pythonpath` in the repository's pyproject.toml.
+import pytest
+import torch
 
 torch.set_num_threads(2)
 

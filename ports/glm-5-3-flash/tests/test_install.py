@@ -58,8 +58,7 @@ def replace_file(path: Path, data: bytes) -> None:
 
 def lock_pins_port(pack: Path) -> bool:
     """The lock pins this port's selection with the port's current fix files."""
-    sys.path.insert(0, str(REPO))
-    try:
+    try:  # the repository root is on sys.path through `pythonpath` in its pyproject.toml
         from fixpack.pack import Pack
 
         p = Pack(pack)
@@ -71,8 +70,6 @@ def lock_pins_port(pack: Path) -> bool:
         return all(lock["fixes"].get(f.id, {}).get("hash") == f.content_hash() for f in p.selection(p.profile(PROFILE), [], port))
     except Exception:
         return False
-    finally:
-        sys.path.remove(str(REPO))
 
 
 @pytest.fixture(scope="module")

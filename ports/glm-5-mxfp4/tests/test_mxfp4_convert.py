@@ -281,8 +281,10 @@ def test_keys_shapes_dtypes_are_what_vllm_030_creates(converted):
         tree_root = sources.wheel_tree("vllm", "0.30.0", "vllm")
     except SourceUnavailable as exc:
         pytest.skip(f"vLLM 0.30.0 wheel unavailable: {exc}")
+    # vLLM 0.30.0's tree first, then the port folder: `vllm` is 0.30.0 in that process only
+    path = os.pathsep.join([str(tree_root), str(PORT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, str(TESTS / "vllm030_check.py"), str(tree_root), str(converted)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["vllm_file"].startswith(str(tree_root))

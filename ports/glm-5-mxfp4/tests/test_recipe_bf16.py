@@ -81,7 +81,7 @@ def _seed_page() -> Path | None:
 
 
 def _rendered() -> str:
-    from fixpack.commands.recipe import load_recipe, render
+    from fixpack.recipe import load_recipe, render
 
     return render(load_recipe(RECIPE))
 
@@ -126,7 +126,7 @@ def test_show_renders_every_export_and_flag_of_the_pages_block():
 
 
 def _check(data: dict | None = None) -> dict[str, dict]:
-    from fixpack.commands.recipe import Recipe, check_recipe, load_recipe
+    from fixpack.recipe import Recipe, check_recipe, load_recipe
     from fixpack.pack import Pack
 
     recipe = load_recipe(RECIPE)

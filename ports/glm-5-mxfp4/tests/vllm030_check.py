@@ -3,8 +3,9 @@
     python vllm030_check.py VLLM_TREE DST   -> one JSON object on stdout
 
 VLLM_TREE is the vLLM 0.30.0 wheel's package tree (fixpack's release-source cache, every file
-checked against the wheel's RECORD); it goes first on sys.path, so `vllm` is 0.30.0 here and
-nowhere else in the test session. What runs is vLLM's code:
+checked against the wheel's RECORD); the test puts it first on PYTHONPATH, then the port folder
+(glm5_mxfp4), so `vllm` is 0.30.0 here and nowhere else in the test session. This folder
+(mxfp4_blocks) is on sys.path as the script's own. What runs is vLLM's code:
   * `upcast_from_mxfp_torch` (triton_kernels numerics, pure torch) dequantizes our blocks;
   * `RoutedExperts.build_expert_params_mapping` maps every routed-expert key of DST to the
     parameter vLLM loads it into (the mapping DeepseekV2/GlmMoeDsa's load_weights uses);
@@ -23,9 +24,6 @@ import sys
 
 
 def main(tree: str, dst: str) -> dict:
-    sys.path.insert(0, tree)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import mxfp4_blocks
     import numpy as np
     import torch

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+import op  # this script's own folder is first on sys.path
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import op  # noqa: E402
 
 EPS = 1e-6
 ITERS = 20

@@ -6,7 +6,19 @@ import json
 import os
 import stat
 
-from testing.builders import DIFF_ONE, MOD_A, OTHER, X_B, apply_all, fixpack, hashes, make_pack, new_tree, write_fix, write_lock
+from testing.builders import (
+    DIFF_ONE,
+    MOD_A,
+    OTHER,
+    X_B,
+    apply_all,
+    fixpack,
+    hashes,
+    make_pack,
+    new_tree,
+    write_fix,
+    write_lock,
+)
 
 
 def read(tree, rel):
@@ -20,8 +32,8 @@ def test_apply_fixes_defaults_in_pack_order_and_pins_each_result(pack):
     assert "line_12 = 12  # fixed\n" in read(tree, "pkg_a/mod.py")
     assert "for pos, _ in enumerate(ids)" in read(tree, "pkg_a/sub/other.py")
     assert read(tree, "pkg_b/x.py") == X_B  # opt-in not named
-    lines = [l for l in r.stdout.splitlines() if "applied" in l]
-    assert [l.split(".")[0] for l in lines] == ["fix-one", "fix-two"]
+    lines = [line for line in r.stdout.splitlines() if "applied" in line]
+    assert [line.split(".")[0] for line in lines] == ["fix-one", "fix-two"]
     lock = json.loads((root / "profiles" / "test.lock.json").read_text())
     pins = {s["fix"]: s["files"] for s in lock["selections"][0]["steps"]}
     state = json.loads((tree / ".fixpack" / "state.json").read_text())
@@ -38,7 +50,7 @@ def test_opt_ins_apply_in_pack_order_whatever_the_command_line_order(tmp_path):
     tree = new_tree(root, tmp_path / "tree")
     r = fixpack("apply", "--profile", "test", "--root", str(tree), "fix-two", "fix-opt", pack=root)
     assert r.returncode == 0, r.stderr
-    order = [l.split(".")[0] for l in r.stdout.splitlines() if "applied" in l]
+    order = [line.split(".")[0] for line in r.stdout.splitlines() if "applied" in line]
     assert order == ["fix-opt", "fix-one", "fix-two"]
 
 
@@ -94,7 +106,7 @@ def test_adding_an_opt_in_later_applies_only_that_fix(pack):
     assert fixpack("apply", "--profile", "test", "--root", str(tree), pack=root).returncode == 0
     r = fixpack("apply", "--profile", "test", "--root", str(tree), "fix-opt", pack=root)
     assert r.returncode == 0, r.stderr
-    assert [l.split(".")[0] for l in r.stdout.splitlines() if "applied" in l] == ["fix-opt"]
+    assert [line.split(".")[0] for line in r.stdout.splitlines() if "applied" in line] == ["fix-opt"]
     assert read(tree, "pkg_b/x.py") == "alpha\nBETA\ngamma\n"
     # dropping it again unwinds exactly that fix
     r = fixpack("apply", "--profile", "test", "--root", str(tree), pack=root)
@@ -262,7 +274,6 @@ def make_port(root):
     """A port 'demo' on the synthetic profile, with one patch of its own (the layer below)."""
     import yaml
 
-    from testing.builders import write_fix
 
     d = root / "ports" / "demo"
     d.mkdir(parents=True)
@@ -278,7 +289,7 @@ def test_a_port_is_the_layer_below_the_profile_and_is_never_dropped_silently(tmp
     tree = new_tree(root, tmp_path / "tree")
     r = fixpack("apply", "--profile", "test", "--port", "demo", "--root", str(tree), "fix-opt", pack=root)
     assert r.returncode == 0, r.stderr
-    assert [l.split(".")[0] for l in r.stdout.splitlines() if "applied" in l] == ["port-patch", "fix-one", "fix-two", "fix-opt"]
+    assert [line.split(".")[0] for line in r.stdout.splitlines() if "applied" in line] == ["port-patch", "fix-one", "fix-two", "fix-opt"]
     assert "return x + 2" in read(tree, "pkg_a/sub/other.py") and "enumerate(ids)" in read(tree, "pkg_a/sub/other.py")
     r = apply_all("--profile", "test", "--port", "demo", "fix-opt", "--root", str(tree), "--pack", str(root))
     assert r.returncode == 0 and "already applied" in r.stdout

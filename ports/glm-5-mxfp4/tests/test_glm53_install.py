@@ -83,11 +83,7 @@ def dev_tree(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory, dev_tree):
     """(scratch pack pinning a stand-in releases/v0.30.0, environment for fixpack there)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    try:
-        from test_development_base import _repo_of
-    finally:
-        sys.path.remove(str(REPO / "tests"))
+    from testing.builders import repo_of as _repo_of
     from fixpack import sources
 
     tmp = tmp_path_factory.mktemp("pinned")

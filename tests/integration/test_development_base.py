@@ -5,43 +5,21 @@ once the release can be reached (a stand-in repository plays the unreachable rel
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 
 from testing import builders as B
 
 REPO = B.REPO
 
 
-def _git(cwd: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout.strip()
-
-
-def _repo_of(tree: Path, dest: Path, packages: list[str], edit=None) -> str:
-    """A git repository holding ``packages`` from ``tree`` (after ``edit``); returns its commit."""
-    dest.mkdir(parents=True)
-    for p in packages:
-        shutil.copytree(tree / p, dest / p)
-    if edit:
-        edit(dest)
-    _git(dest, "init", "-q")
-    _git(dest, "add", "-A")
-    _git(dest, "commit", "-q", "-m", "snapshot")
-    return _git(dest, "rev-parse", "HEAD")
-
-
 def _synthetic(tmp_path: Path):
     """The synthetic pack with git sources: a release commit nobody has, and a development base."""
     root = B.make_pack(tmp_path / "pack")
     src = B.pristine_source(root)
-    dev = _repo_of(src, tmp_path / "demo-clone", ["pkg_a", "pkg_b"])
+    dev = B.repo_of(src, tmp_path / "demo-clone", ["pkg_a", "pkg_b"])
     base = {"kind": "git", "repo": "demo", "commit": "0" * 40, "branch": "releases/next",
             "development": {"kind": "git", "repo": "demo", "commit": dev, "branch": "main", "why": "the release is not published where the tests run"}}
     import yaml
@@ -86,7 +64,7 @@ def test_a_release_reachable_later_gets_real_pins_with_no_change_to_the_fixes(tm
     root, env = _synthetic(tmp_path)
     src = B.pristine_source(root)
     # the release differs from the development base in a file no fix touches
-    release = _repo_of(src, tmp_path / "release-clone", ["pkg_a", "pkg_b"], edit=lambda d: (d / "pkg_b" / "__init__.py").write_text("# released\n"))
+    release = B.repo_of(src, tmp_path / "release-clone", ["pkg_a", "pkg_b"], edit=lambda d: (d / "pkg_b" / "__init__.py").write_text("# released\n"))
     import yaml
 
     prof = yaml.safe_load((root / "profiles" / "test.yaml").read_text())
@@ -133,7 +111,7 @@ def test_the_v030_profile_gets_release_pins_from_a_stand_in_clone(tmp_path):
     dev_tree = tmp_path / "dev"
     if B.fixpack("sources", "tree", str(dev_tree), "--profile", "v0.30.0").returncode != 0:
         pytest.skip("v0.30.0 sources unavailable")
-    release = _repo_of(dev_tree, tmp_path / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("releases/v0.30.0 stand-in\n"))
+    release = B.repo_of(dev_tree, tmp_path / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("releases/v0.30.0 stand-in\n"))
     pack = tmp_path / "pack"
     shutil.copytree(REPO / "profiles", pack / "profiles")
     for name in ("fixpack", "fixes", "fixes-v0.30.0", "ports", "recipes"):

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from testing.builders import REPO
+
 SEEDS = REPO.parent / "shared" / "seeds"
 PORT = "glm-5-3-flash"
 
@@ -129,7 +130,7 @@ def test_the_v030_line_runs_verbatim_once_the_release_is_pinned(tmp_path):
     with `fixpack manifest` and `fixpack lock`: the seed's line applies, re-runs, and verify agrees."""
     import shutil
 
-    from test_development_base import _repo_of
+    from testing.builders import repo_of as _repo_of
 
     dev = tmp_path / "dev"
     if _fixpack("sources", "tree", str(dev), "--profile", "v0.30.0").returncode != 0:

@@ -1,0 +1,132 @@
+"""The journal: a fix's files are committed all-or-nothing, and a crash is finished next run.
+
+A commit stores both sides of every file as backups, writes journal.json (the step, each
+file's hash before and after, the state record to write), renames each new file into place,
+writes the state record and removes the journal. A run that finds a journal finishes the
+commit it records (`recover`); a commit that fails part-way puts back what it renamed
+(`roll_back`), or leaves the journal for the next run when it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+from fixpack.errors import Drift
+from fixpack.hashing import sha256_bytes, short
+from fixpack.state import Journal, StateRecord, Step, Unreadable
+from fixpack.store import Store, atomic_write, crashpoint, drop_bytecode, fs_error
+from fixpack.verify import Lines
+
+
+class Files(Protocol):
+    """The target files of a run, by package-relative path."""
+
+    def path(self, rel: str) -> Path: ...
+
+    def current(self, rels) -> dict[str, str | None]: ...
+
+
+def commit(
+    store: Store,
+    files_of: Files,
+    op: str,
+    step: Step,
+    changes: dict[str, tuple[bytes, bytes]],
+    steps_before: list[Step],
+    base: StateRecord,
+    report: Lines,
+) -> list[Step]:
+    """Write a fix's files all-or-nothing: backups, journal, renames, state, journal gone.
+    Returns the steps now applied."""
+    for old, new in changes.values():
+        store.put(old)
+        store.put(new)
+    files = {rel: [sha256_bytes(o), sha256_bytes(n)] for rel, (o, n) in changes.items()}
+    store.write_journal(Journal(op=op, step=step, files=files, state_base=base, steps_before=list(steps_before)))
+    crashpoint(f"journal written for {op} {step.fix}")
+    done: list[str] = []
+    try:
+        for rel, (_old, new) in changes.items():
+            p = files_of.path(rel)
+            # The target may have been swapped (directory, symlink, other bytes) since it was read.
+            if files_of.current([rel])[rel] != files[rel][0]:
+                raise Drift(f"{rel}: changed while {step.fix} was being committed; nothing of this fix was kept")
+            try:
+                like = os.stat(p)
+            except OSError as exc:
+                raise fs_error(exc, f"cannot stat {p}") from exc
+            atomic_write(p, new, like=like, label=rel)
+            done.append(rel)
+            drop_bytecode(p)
+        steps = after_op(op, step, steps_before)
+        store.write_state(base.with_steps(steps))
+    except Exception:
+        roll_back(store, files_of, done, changes, files, report)
+        raise
+    crashpoint(f"state written for {op} {step.fix}")
+    store.clear_journal()
+    return steps
+
+
+def after_op(op: str, step: Step, steps: list[Step]) -> list[Step]:
+    """The applied steps once ``op`` (apply or unwind) of ``step`` is done. `revert FIX` may
+    undo a step in the middle, not only the last one."""
+    if op == "apply":
+        return [*steps, step]
+    return [s for s in steps if s.fix != step.fix]
+
+
+def roll_back(
+    store: Store,
+    files_of: Files,
+    done: list[str],
+    changes: dict[str, tuple[bytes, bytes]],
+    files: dict[str, list[str]],
+    report: Lines,
+) -> None:
+    """A commit failed part-way (full disk, read-only, a swapped target): put back the files
+    already renamed and drop the journal. If that fails too, the journal stays and the next
+    run finishes the fix instead."""
+    try:
+        for rel in done:
+            p = files_of.path(rel)
+            if files_of.current([rel])[rel] == files[rel][1]:
+                atomic_write(p, changes[rel][0], like=os.stat(p), label=f"{rel} (roll back)")
+                drop_bytecode(p)
+        store.clear_journal()
+    except Exception as exc:  # keep the first error; the journal tells the next run what to do
+        report.say(
+            f"warning: could not roll back ({exc}); the next run completes the interrupted fix from {store.journal_path}"
+        )
+
+
+def recover(store: Store, files_of: Files, report: Lines) -> None:
+    """Finish the commit an interrupted run left in the journal, if any."""
+    journal = store.read_journal()
+    if journal is None:
+        return
+    if isinstance(journal, Unreadable):
+        raise Drift(f"{store.journal_path} is unreadable; inspect the files with `fixpack verify`, then remove it")
+    report.say(f"recovering an interrupted run: {journal.op} {journal.step.fix}")
+    cur = files_of.current(journal.files)
+    for rel, (src, dst) in journal.files.items():
+        if cur[rel] == dst:
+            drop_bytecode(files_of.path(rel))  # the kill may have come between the rename and this
+            continue
+        if cur[rel] != src:
+            raise Drift(f"{rel}: interrupted run left {short(cur[rel])}, neither {short(src)} nor {short(dst)}")
+        p = files_of.path(rel)
+        atomic_write(p, store.get(dst), like=os.stat(p), label=rel)
+        drop_bytecode(p)
+    state = store.read_state()
+    if not isinstance(state, StateRecord):
+        state = journal.state_base.with_steps(journal.steps_before)
+    steps = state.steps
+    if journal.op == "apply" and (not steps or steps[-1].fix != journal.step.fix):
+        steps = [*steps, journal.step]
+    if journal.op == "unwind":
+        steps = [s for s in steps if s.fix != journal.step.fix]
+    store.write_state(state.with_steps(steps))
+    store.clear_journal()

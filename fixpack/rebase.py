@@ -1,0 +1,236 @@
+"""The rebase classifier: what happens to each fix on another release.
+
+Each fix, in pack order (defaults and every opt-in), is tried on the other release's
+pristine tree, stacked on the fixes before it that still apply. By default its tests also run
+there without it (`--no-tests`: the text-only report): every test green means the new release
+no longer has the defect, whatever the text says. Classes:
+  exact     applies exactly
+  offset    applies at an offset: needs a refresh (the refreshed diff is shown)
+  conflict  some hunks no longer match (named)
+  upstream  already upstream: retire it. Its tests pass on the new release without it, or
+            the new release has the fixed text (an edit or codemod changes nothing, a diff's new side
+            is there)
+  duplicate its change would apply, but the lines it adds are already in the target: upstream
+            fixed it in its own place, and applying it would add them twice
+  moved     a target file moved or was removed
+  nomatch   an edit's definition or a codemod's place is found 0 times
+A test run is reported beside the class: green (retire), red (the defect is still there:
+carry the fix), or "cannot run" (the new release breaks the test itself; the class is then
+from the text alone).
+The command is fixpack/commands/rebase_report.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+from fixpack.errors import ConfigError
+
+
+def new_sources(profile, onto: list[str]) -> dict:
+    from fixpack import sources
+
+    srcs = copy.deepcopy(profile.base["sources"])
+    if not onto:
+        raise ConfigError("give at least one --onto PACKAGE=REF")
+    for item in onto:
+        if "=" not in item:
+            raise ConfigError(f"--onto {item!r}: expected PACKAGE=REF")
+        pkg, ref = item.split("=", 1)
+        if pkg not in srcs:
+            raise ConfigError(f"--onto {item!r}: {pkg} is not a source of the profile ({', '.join(srcs)})")
+        spec = srcs[pkg]
+        if spec["kind"] == "wheel":
+            spec["version"] = ref
+            spec.pop("commit", None)
+        else:
+            spec["commit"] = sources.rev_parse(spec["repo"], ref) if len(ref) != 40 else ref
+            spec["tag"] = ref
+    return srcs
+
+
+def classify(fix, tree: Path, found: dict) -> tuple[str, dict[str, bytes], list[str], str]:
+    """(class, new file contents, notes, refreshed diff)."""
+    changes: dict[str, bytes] = {}
+    notes: list[str] = []
+    for t in fix.targets:
+        if not (tree / t.rel).is_file():
+            return "moved", {}, [f"{t.rel} is not in the new release"], ""
+    if fix.kind == "diff":
+        from fixpack.diffpatch import parse_diff, rebase_file_patch, unified
+
+        classes = []
+        refreshed = []
+        for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
+            data = (tree / fp.path).read_bytes()
+            status, new, n = rebase_file_patch(data, fp)
+            classes.append(status)
+            notes += [f"{fp.path}: {x}" for x in n]
+            if new is not None:
+                changes[fp.path] = new
+                if status == "offset":
+                    refreshed.append(unified(data, new, fp.path))
+        for cls in ("conflict", "upstream", "offset"):
+            if cls in classes:
+                if cls == "upstream" and len(set(classes)) > 1:
+                    return "conflict", {}, notes, ""
+                return cls, (changes if cls == "offset" else {}), notes, "".join(refreshed)
+        return "exact", changes, notes, ""
+    from fixpack import kinds
+    from fixpack.kinds.base import ChangeError
+
+    sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
+    try:
+        changes = kinds.module(fix.kind).apply(fix.dir, sources).outputs
+    except ChangeError as exc:
+        msg = str(exc)
+        return ("nomatch" if "found 0" in msg else "conflict"), {}, [msg], ""
+    same = all(changes[rel] == sources[rel] for rel in sources)
+    note = [f"the {fix.kind} changes nothing: the fixed code is already there"] if same else []
+    return ("upstream" if same else "exact"), ({} if same else changes), note, ""
+
+
+def _significant(line: str) -> str | None:
+    """An added line worth looking for: code, not blank, not a comment, not a lone keyword or
+    bracket (``return False``-sized lines match anywhere and prove nothing)."""
+    text = line.strip()
+    if not text or text.startswith("#") or len(text) < 12:
+        return None
+    return text
+
+
+def added_lines(fix, tree: Path) -> dict[str, list[str]]:
+    """The significant lines the fix adds, by target: a diff's '+' lines, an edit's or a
+    codemod's new text beyond its old text."""
+    out: dict[str, list[str]] = {}
+    if fix.kind == "diff":
+        from fixpack.diffpatch import parse_diff
+
+        for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
+            for h in fp.hunks:
+                removed = {raw.decode("utf-8", "replace").strip() for raw in h.old}
+                for raw in h.new:
+                    t = _significant(raw.decode("utf-8", "replace"))
+                    if t and t not in removed:
+                        out.setdefault(fp.path, []).append(t)
+        return out
+    if fix.kind == "edit":
+        from fixpack.kinds.edit import load
+
+        calls = [(e.target, e.old, e.new) for e in load(fix.dir)]
+    else:  # a codemod's new lines are those of its output where it applies
+        import difflib
+
+        from fixpack import kinds
+        from fixpack.kinds.base import ChangeError
+
+        sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets if (tree / t.rel).is_file()}
+        try:
+            outputs = kinds.module(fix.kind).apply(fix.dir, sources).outputs if len(sources) == len(fix.targets) else {}
+        except ChangeError:
+            outputs = {}
+        calls = []
+        for rel, data in outputs.items():
+            lines = list(difflib.unified_diff(sources[rel].decode().splitlines(), data.decode().splitlines(), lineterm="", n=0))
+            old = "\n".join(x[1:] for x in lines if x[:1] == "-" and not x.startswith("---"))
+            new = "\n".join(x[1:] for x in lines if x[:1] == "+" and not x.startswith("+++"))
+            calls.append((rel, old, new))
+    for rel, old, new in calls:
+        old_lines = {line.strip() for line in old.splitlines()}
+        for line in new.splitlines():
+            t = _significant(line)
+            if t and t not in old_lines:
+                out.setdefault(rel, []).append(t)
+    return out
+
+
+def duplicates(fix, tree: Path) -> list[str]:
+    """Targets in which every significant line the fix adds is already present."""
+    found = []
+    for rel, lines in added_lines(fix, tree).items():
+        path = tree / rel
+        if not lines or not path.is_file():
+            continue
+        have = {line.strip() for line in path.read_text(errors="replace").splitlines()}
+        if all(line in have for line in lines):
+            found.append(f"{rel}: all {len(lines)} line(s) it adds are already there (e.g. {lines[0][:70]!r})")
+    return found
+
+
+def test_verdict(fix, tree: Path, timeout: float) -> tuple[str, str]:
+    """('green' | 'red' | 'cannot run', one line) for the fix's tests on ``tree``."""
+    from fixpack import proof
+
+    run = proof.run_tests(fix, tree, timeout)
+    if not run.reported:
+        return "cannot run", run.summary
+    if run.collect_errors:
+        return "cannot run", f"collection: {run.collect_errors[0]['cause']}"
+    guards = list(fix.meta.get("regression_guards") or [])
+    reds: list[str] = []
+    broken: list[str] = []
+    n = 0
+    for nodeid, rec in run.tests.items():
+        if any(proof.guard_matches(g, nodeid, rec["name"]) for g in guards):
+            continue  # a guard passes with or without the fix: it says nothing here
+        n += 1
+        fail = proof._failure(rec)
+        if fail is None:
+            continue
+        ok, cause = proof.red_of(rec)
+        (reds if ok else broken).append(f"{nodeid.split('::', 1)[-1]}: {cause}")
+    if broken:
+        return "cannot run", broken[0]
+    if reds:
+        return "red", f"{len(reds)} of {n} test(s) red: {reds[0]}"
+    return "green", f"all {n} test(s) pass without the fix"
+
+
+LABELS = {
+    "exact": "applies exactly",
+    "offset": "applies at an offset (refresh)",
+    "conflict": "CONFLICTS",
+    "upstream": "already upstream: retire",
+    "duplicate": "DUPLICATE: upstream has its lines",
+    "moved": "target moved/removed",
+    "nomatch": "definition/place found 0 times",
+}
+
+
+def rebase_report(pack, profile, srcs: dict, *, only: list[str] | None = None, tests: bool = True, test_timeout: float = 900.0) -> list[dict]:
+    """One row per fix of ``profile`` (defaults and every opt-in; with ``only``, those named),
+    each tried on the release ``srcs`` gives, stacked on the fixes before it that still apply."""
+    from fixpack import release, sources
+    from fixpack.store import atomic_write
+
+    fixes = pack.selection(profile, profile.opt_ins)
+    if only is not None:
+        unknown = sorted(set(only) - {f.id for f in fixes})
+        if unknown:
+            raise ConfigError(f"--only: {', '.join(unknown)} not in profile {profile.name}")
+    rows = []
+    with release.scratch("fixpack-rebase-") as work:
+        tree = sources.materialise(srcs, work / "tree")
+        found = {p: tree / p for p in profile.packages}
+        for fix in fixes:
+            wanted = only is None or fix.id in only
+            verdict = None
+            if wanted and tests:
+                verdict = test_verdict(fix, tree, test_timeout)
+            cls, changes, notes, refreshed = classify(fix, tree, found)
+            if cls in ("exact", "offset"):
+                dup = duplicates(fix, tree)
+                if dup:
+                    cls, notes = "duplicate", notes + dup
+            if verdict is not None:
+                notes.append(f"tests without the fix: {verdict[0]} ({verdict[1]})")
+                if verdict[0] == "green" and cls != "moved":
+                    cls = "upstream"
+            for rel, data in changes.items():
+                if cls in ("exact", "offset"):
+                    atomic_write(tree / rel, data, like=os.stat(tree / rel))  # the next fixes stack on it
+            if wanted:
+                rows.append({"fix": fix.id, "class": cls, "tests": verdict[0] if verdict else None, "notes": notes, "refreshed_diff": refreshed})
+    return rows

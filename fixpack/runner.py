@@ -1,0 +1,269 @@
+"""The runner: one fix's job in, the bytes of its targets out.
+
+Each fix is computed by its own process (fixpack.worker, forked by fixpack.forkserver),
+confined where the kernel can (Landlock, the seccomp filter) and by an audit hook. The runner
+snapshots the package folders and the state folder around it (fixpack.watch): a change outside
+the fix's stage is undone and fails the fix, or, for a process the kernel sealed, is looked for
+once at the end of the run (`check_run`). It writes nothing but the stage; the driver
+(fixpack.engine) checks the bytes against the pins and the journal (fixpack.journal) commits them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
+from fixpack.forkserver import ForkServer, ServerDied
+from fixpack.pack import Fix
+from fixpack.store import fs_error
+from fixpack.verify import Lines
+from fixpack.watch import TreeWatch
+from fixpack.worker import SANDBOX_MODES, sealed
+
+DEFAULT_TIMEOUT = 120.0
+
+
+class Runner:
+    """Runs fixes' jobs for one driver run; `close` ends its fork server."""
+
+    def __init__(
+        self,
+        roots: list[Path],
+        state_dir: Path,
+        report: Lines,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        check_idempotent: bool = False,
+    ):
+        self.roots = roots  # the package folders the fixes' targets are in
+        self.state_dir = state_dir
+        self.report = report
+        self.timeout = timeout
+        self.check_idempotent = check_idempotent
+        self.sandbox = os.environ.get("FIXPACK_SANDBOX", "auto") or "auto"
+        if self.sandbox not in SANDBOX_MODES:
+            raise ConfigError(f"FIXPACK_SANDBOX={self.sandbox}: expected one of {', '.join(SANDBOX_MODES)}")
+        self.protection: dict | None = None  # what confined the fix processes of this run
+        self._forkserver: ForkServer | None = None
+        self._watch: TreeWatch | None = None
+        self._unchecked: list[str] = []  # fixes run sealed, compared at the end of the run
+
+    # ---- the fork server
+    def _server(self) -> ForkServer:
+        if self._forkserver is None:
+            env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+            pkg_parent = str(Path(__file__).resolve().parent.parent)
+            env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            self._forkserver = ForkServer(env, cwd=str(self.state_dir))
+        return self._forkserver
+
+    def start(self) -> None:
+        """Start the fork server now (it imports the fix machinery while the driver works)."""
+        try:
+            self._server().start()
+        except OSError:
+            pass  # `run` starts it again and reports what fails
+
+    def close(self) -> None:
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
+
+    # ---- one fix
+    def run(
+        self,
+        fix: Fix,
+        inputs: dict[str, Path],
+        pins: dict | None = None,
+        hashes: dict | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, bytes]:
+        """The new bytes of each of ``fix``'s targets, read from ``inputs``; ``pins`` (rel ->
+        [before, after]) let the worker skip compiling an output equal to its pin; ``timeout``
+        (seconds) replaces the runner's own for this fix."""
+        timeout = self.timeout if timeout is None else timeout
+        stage = self.state_dir / "staging" / fix.id
+        shutil.rmtree(stage, ignore_errors=True)
+        try:
+            stage.mkdir(parents=True)
+        except OSError as exc:
+            raise fs_error(exc, f"cannot create {stage}") from exc
+        job: dict[str, Any] = {
+            "fix_dir": str(fix.dir),
+            "kind": fix.kind,
+            "stage_dir": str(stage),
+            "check_idempotent": self.check_idempotent,
+            "sandbox": self.sandbox,
+            "targets": [
+                {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")}
+                for i, (rel, src) in enumerate(inputs.items())
+            ],
+            # An output equal to its pin was compiled when the pin was recorded; the worker need not compile it again.
+            "expect": {rel: pins[rel][1] for rel in inputs} if pins else {},
+        }
+        watch = self._watching()
+        if not watch.before:
+            watch.take()
+        try:
+            proc = self._server().run(job, timeout)
+        except ServerDied as exc:
+            self._check_outside(fix, watch, stage)
+            shutil.rmtree(stage, ignore_errors=True)
+            raise FixFailed(f"{fix.id}: {exc}; nothing was written") from None
+        got = self.protection_of(proc)
+        if sealed(got):
+            # The kernel kept this process from changing anything outside its stage; the trees
+            # are compared once, at the end of the run, not after every such fix.
+            self._unchecked.append(fix.id)
+        else:
+            self._check_outside(fix, watch, stage)
+        self._note_protection(got)
+        if proc["timed_out"]:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise FixFailed(
+                f"{fix.id}: its process did not finish within {timeout:.0f} s; nothing was written"
+            ) from None
+        try:
+            lines = proc["stdout"].strip().splitlines()
+            result = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            result = {}
+        if proc["rc"] != 0 or "outputs" not in result:
+            err = result.get("error") or (proc["stderr"].strip().splitlines() or ["crashed with no output"])[-1]
+            if result.get("errno") in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                shutil.rmtree(stage, ignore_errors=True)
+                raise fs_error(OSError(result["errno"], err), f"{fix.id}: cannot write its output in {stage}")
+            tail = "\n".join(proc["stderr"].strip().splitlines()[-8:])
+            shutil.rmtree(stage, ignore_errors=True)
+            raise FixFailed(
+                f"{fix.id}: {err}"
+                + (f"\n--- its output:\n{tail}" if tail and tail not in err else "")
+                + "\nnothing was written"
+            )
+        produced = {p.name for p in stage.iterdir()}
+        expected = {Path(t["out"]).name for t in job["targets"]}
+        if produced - expected:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise FixFailed(
+                f"{fix.id}: wrote files it did not declare ({', '.join(sorted(produced - expected))}); nothing was written"
+            )
+        out = {t["rel"]: Path(t["out"]).read_bytes() for t in job["targets"]}
+        shutil.rmtree(stage, ignore_errors=True)
+        return out
+
+    # ---- the snapshot check
+    def _watching(self) -> TreeWatch:
+        """The snapshot of the package folders and the state folder that every fix's process is
+        compared with. The driver keeps the files' bytes too unless the kernel confines the fixes."""
+        if self._watch is None:
+            kernel = False
+            if self.sandbox != "hook":
+                from fixpack.landlock import Unavailable, abi_version
+
+                try:
+                    abi_version()
+                    kernel = True
+                except Unavailable as exc:
+                    if self.sandbox == "auto":
+                        self.report.say(
+                            f"warning: Landlock is not available here ({exc}); each fix's process is confined by the audit hook only, "
+                            "and a snapshot of the trees before and after it finds and undoes any change outside its targets"
+                        )
+            roots = [*self.roots, self.state_dir]
+            self._watch = TreeWatch(roots, skip={str(self.state_dir / "staging")}, keep_bytes=not kernel)
+        return self._watch
+
+    def driver_wrote(self, paths: list[Path]) -> None:
+        """The driver changed these files itself: the snapshot takes them as they are now."""
+        if self._watch is not None and self._watch.before:
+            self._watch.driver_wrote(paths, self.state_dir)
+
+    @staticmethod
+    def protection_of(proc: dict) -> dict | None:
+        """What confined the fix's process, from the first line it printed (written before the
+        fix was loaded, so the fix cannot have forged it); None when it printed none."""
+        lines = proc.get("stdout", "").strip().splitlines()
+        try:
+            got = json.loads(lines[0]).get("protection") if lines else None
+        except (ValueError, AttributeError):
+            got = None
+        return got if isinstance(got, dict) else None
+
+    def _note_protection(self, got: dict | None) -> None:
+        if got is None:
+            return
+        if got.get("sandbox") != "landlock" and self._watch is not None and not self._watch.keep_bytes:
+            self.report.say(
+                f"warning: Landlock could not confine the fix process ({got.get('reason')}); the audit hook and the snapshot check remain"
+            )
+            self._watch.start_keeping_bytes()
+        if self.protection is None:
+            self.protection = got
+
+    def check_run(self) -> None:
+        """The one comparison for the fixes whose processes the kernel sealed: nothing of theirs
+        can show here, so a change found is another process's, made while this run went on."""
+        ran, self._unchecked = self._unchecked, []
+        if not ran or self._watch is None:
+            return
+        changed = self._watch.changes()
+        if not changed:
+            return
+        self._watch.restore(changed)
+        self._watch.take()
+        lines = [
+            f"  {c.path}: {c.what}{' (' + c.fields + ')' if c.fields else ''}; {'restored' if c.restored else 'NOT restored'} ({c.how})"
+            for c in changed
+        ]
+        raise EnvironmentFault(
+            f"{changed[0].path} changed outside the fixes' targets while this run applied {', '.join(ran)}"
+            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+            + ":\n"
+            + "\n".join(lines)
+            + "\nno fix's process can have made it (each was sealed by the kernel: Landlock and the seccomp filter); "
+            "another process changed the tree during the run. The fixes themselves were applied as pinned: "
+            "run `fixpack verify`, and find what else writes to these packages"
+        )
+
+    def _check_outside(self, fix: Fix, watch: TreeWatch, stage: Path) -> None:
+        """A fix's process may have changed nothing but its staging folder. Anything else is put
+        back where the driver can, and the fix fails naming every change."""
+        changed = watch.changes()
+        if not changed:
+            return
+        shutil.rmtree(stage, ignore_errors=True)
+        watch.restore(changed)
+        watch.take()
+        lines = [
+            f"  {c.path}: {c.what}{' (' + c.fields + ')' if c.fields else ''}; {'restored' if c.restored else 'NOT restored'} ({c.how})"
+            for c in changed
+        ]
+        first = changed[0].path
+        left = [c.path for c in changed if not c.restored]
+        raise FixFailed(
+            f"fix {fix.id} changed {first} outside its targets"
+            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+            + ":\n"
+            + "\n".join(lines)
+            + (
+                "\nnothing of this fix was written; every change it made was undone"
+                if not left
+                else f"\nnothing of this fix was written, but {len(left)} change(s) could not be undone: reinstall the package that holds "
+                f"{left[0]} (or restore it from the release), then run `fixpack verify`"
+            )
+        )
+
+
+def protection_text(p: dict) -> str:
+    if sealed(p):
+        return f"landlock ABI {p.get('abi')} + seccomp + audit hook + snapshot per run"
+    if p.get("sandbox") == "landlock":
+        why = f"; no seccomp filter: {p['seccomp_reason']}" if p.get("seccomp_reason") else ""
+        return f"landlock ABI {p.get('abi')} + audit hook + snapshot per fix{why}"
+    return f"audit hook + snapshot (no Landlock: {p.get('reason', 'unknown')})"
