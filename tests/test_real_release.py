@@ -133,8 +133,12 @@ def test_rebase_report_classifies_every_fix_on_a_later_release():
     # async-discard-counter's code was rewritten upstream after v0.26.0 (getattr): it must not apply as is
     by_id = {x["fix"]: x for x in data["fixes"]}
     assert by_id["async-discard-counter"]["class"] == "conflict"
-    # main has upstream's own copy of the guard (c8d89091): applying would add it twice
-    assert by_id["hybrid-no-prefill-merge"]["class"] == "duplicate"
+    # main has upstream's own copy of the guard (c8d89091). As a text replacement the fix would have
+    # added it twice ("duplicate"); as a codemod it finds the guard already there and changes
+    # nothing: already upstream, never applied twice
+    merge = by_id["hybrid-no-prefill-merge"]
+    assert merge["class"] == "upstream", merge
+    assert any("changes nothing" in n for n in merge["notes"]), merge
     for x in data["fixes"]:
         if x["class"] == "offset":
             assert x["refreshed_diff"].startswith("--- a/")
