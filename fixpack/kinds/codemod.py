@@ -20,9 +20,10 @@ in the style of LibCST's own codemod commands::
 :meth:`Codemod.at`, also when it finds the change already made (it then returns the node
 as it is, which keeps the codemod idempotent). Each place must be found exactly once in the
 target, or the fix fails with the count it found: a place found 0 times is a conflict, as a
-diff's hunk that no longer applies. The whole module is parsed once per target, every
-class targeting it runs on it in order, and the code outside the changed nodes is printed
-back byte for byte (LibCST keeps all whitespace and comments).
+diff's hunk that no longer applies. Every class targeting a file runs on it in order; a class
+with a SCOPE has only those definitions parsed, one without has the whole module parsed. The
+code outside the changed nodes is printed back byte for byte (LibCST keeps all whitespace and
+comments).
 """
 
 from __future__ import annotations
@@ -118,25 +119,14 @@ def _parse(code: str, what: str) -> cst.Module:
 
 def _scope_spans(cls: type[Codemod], rel: str, text: str, where: str) -> list[tuple[int, int]]:
     """Where each definition of ``cls.SCOPE`` sits in ``text`` (character offsets, bottom first)."""
-    import ast
+    from fixpack.kinds.edit import definition_lines, line_starts, parse_definitions
 
-    from fixpack.kinds.edit import definitions, line_starts
-
-    try:
-        defs = definitions(ast.parse(text))
-    except SyntaxError as exc:
-        raise ChangeError(f"{rel} does not parse: {exc.msg} at line {exc.lineno}") from exc
+    defs = parse_definitions(text, rel)
     starts = line_starts(text)
     spans = []
     for qualname in cls.SCOPE:
-        found = defs.get(qualname, [])
-        if len(found) != 1:
-            raise ChangeError(
-                f"{where}: {cls.__name__}: {qualname} in {rel}: expected exactly one definition, found {len(found)}"
-            )
-        node = found[0]
-        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        spans.append((starts[first - 1], min(starts[node.end_lineno], len(text))))
+        first, last = definition_lines(defs, qualname, rel, f"{where}: {cls.__name__}")
+        spans.append((starts[first - 1], min(starts[last], len(text))))
     return sorted(spans, reverse=True)
 
 

@@ -79,6 +79,24 @@ def definitions(tree: ast.Module) -> dict[str, list]:
     return out
 
 
+def parse_definitions(text: str, rel: str) -> dict[str, list]:
+    """``definitions`` of the module ``text`` (the file ``rel``); a file that does not parse is a ChangeError."""
+    try:
+        return definitions(ast.parse(text))
+    except SyntaxError as exc:
+        raise ChangeError(f"{rel} does not parse: {exc.msg} at line {exc.lineno}") from exc
+
+
+def definition_lines(defs: dict[str, list], qualname: str, rel: str, where: str) -> tuple[int, int]:
+    """The first line (its decorators included) and the last line of the one definition of
+    ``qualname``; none or several is a ChangeError (``where`` says whose)."""
+    found = defs.get(qualname, [])
+    if len(found) != 1:
+        raise ChangeError(f"{where}: {qualname} in {rel}: expected exactly one definition, found {len(found)}")
+    node = found[0]
+    return min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno
+
+
 def line_starts(text: str) -> list[int]:
     """The offset of each line's first character (ast numbers lines from 1), and the end."""
     starts = [0]
@@ -154,20 +172,8 @@ def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> 
     for rel in sources:
         mine = [(i, e) for i, e in enumerate(edits) if e.target == rel]
         text = sources[rel].decode("utf-8")
-        try:
-            tree = ast.parse(text)
-        except SyntaxError as exc:
-            raise ChangeError(f"{rel} does not parse: {exc.msg} at line {exc.lineno}") from exc
-        defs = definitions(tree)
-        spans: dict[str, tuple[int, int]] = {}
-        for _, e in mine:
-            matches = defs.get(e.qualname, [])
-            if len(matches) != 1:
-                raise ChangeError(
-                    f"{where}: {e.qualname} in {rel}: expected exactly one definition, found {len(matches)}"
-                )
-            node = matches[0]
-            spans[e.qualname] = (min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno)
+        defs = parse_definitions(text, rel)
+        spans = {e.qualname: definition_lines(defs, e.qualname, rel, where) for _, e in mine}
         ordered = sorted(spans.items(), key=lambda s: s[1])
         for (qa, a), (qb, b) in zip(ordered, ordered[1:], strict=False):
             if b[0] <= a[1]:
