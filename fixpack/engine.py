@@ -234,8 +234,10 @@ class Engine:
     def run_worker(
         self, fix: Fix, inputs: dict[str, Path], pins: dict | None = None, hashes: dict | None = None
     ) -> dict[str, bytes]:
-        # the timeout as it is now: `fixpack apply --timeout` sets it after the engine is built
-        return self.runner.run(fix, inputs, pins, hashes, timeout=self.timeout)
+        # the timeout as it is now: `fixpack apply --timeout` sets it after the engine is built;
+        # with a lock, where it recorded this fix's definitions (a pinned module is not parsed again)
+        known = (self.lock.data.get("definitions") or {}).get(fix.id) if self.lock is not None else None
+        return self.runner.run(fix, inputs, pins, hashes, timeout=self.timeout, known=known)
 
     def check_run(self) -> None:
         self.runner.check_run()
@@ -283,6 +285,9 @@ class Engine:
             return 1 if pending or len(ids) != len(self.fixes) else 0
         self.store.lock(self.lock_wait)
         try:
+            # the fork servers import the fix machinery (libcst too, for codemods) while the
+            # driver checks the base; a run that stops before its first fix just closes them
+            self.runner.start({f.kind for f in self.fixes})
             self.recover()
             if self.fast_path_done():
                 self.report.line(self.key, "ok", "already applied (by a concurrent run)")
@@ -306,8 +311,6 @@ class Engine:
                 and applied[common].fix_hash == self._fix_hash[self.fixes[common].id]
             ):
                 common += 1
-            if self.fixes[common:]:
-                self.runner.start()  # it imports the fix machinery while fixes are unwound
             steps = applied
             for s in reversed(applied[common:]):
                 steps = self.unwind(s, steps)

@@ -1,8 +1,10 @@
 """One process per fix without paying an interpreter start-up and a libcst import per fix.
 
 The driver starts one server (``python -m fixpack.forkserver``) that imports the fix
-machinery (unidiff; libcst once a codemod job comes) once and never imports a
-target package or a fix. For every job the server forks a fresh child; the child installs the write guard, loads the fix and
+machinery (unidiff, yaml) once and never imports a target package or a fix; when the run
+has codemods, a second one (``python -m fixpack.forkserver codemod``) imports libcst at once,
+on another core while the first one's children apply the diffs and edits before them, so
+that the first codemod does not wait for it. For every job the server forks a fresh child; the child installs the write guard, loads the fix and
 computes its outputs (fixpack.worker.run), exactly as a separate ``python -m fixpack.worker``
 would. A fix that crashes, hangs or misbehaves ends its own child only; the server reports
 its exit status, its output and whether it was killed for the timeout.
@@ -91,8 +93,10 @@ def _run_job(job: dict) -> dict:
     return {"rc": rc, "timed_out": timed_out, "stdout": bufs[out_r].decode("utf-8", "replace"), "stderr": bufs[err_r].decode("utf-8", "replace")}
 
 
-def serve() -> int:
+def serve(preload: str = "") -> int:
     # Imported once here so that no fix's process pays for them; nothing else is imported.
+    if preload == "codemod":
+        import fixpack.kinds.codemod  # noqa: F401 - libcst and its matchers
     import unidiff  # noqa: F401
     import yaml  # noqa: F401 - an edit's edits.yaml
 
@@ -123,16 +127,17 @@ class ServerDied(RuntimeError):
 class ForkServer:
     """The driver's side: start the server on first use, send jobs, stop it at the end."""
 
-    def __init__(self, env: dict, cwd: str):
+    def __init__(self, env: dict, cwd: str, preload: str = ""):
         self.env = env
         self.cwd = cwd
+        self.preload = preload  # "codemod": import libcst at start, not at the first codemod job
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         """Start the server (it imports the fix machinery while the driver unwinds)."""
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fixpack.forkserver"],
+                [sys.executable, "-m", "fixpack.forkserver", *([self.preload] if self.preload else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=self.cwd,
             )
 
@@ -161,13 +166,20 @@ class ForkServer:
         err = proc.communicate()[1].decode("utf-8", "replace").strip().splitlines()
         return f"the fix process server {what}" + (f": {err[-1]}" if err else "")
 
+    def stop(self) -> None:
+        """Tell the server to exit (end of its jobs); `close` waits for it."""
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
     def close(self) -> None:
+        self.stop()
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
-            if proc.stdin is not None:
-                proc.stdin.close()
             proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
@@ -178,4 +190,9 @@ class ForkServer:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    code = serve(*sys.argv[1:2])
+    # The driver waits for this exit: skip the interpreter's teardown of every module imported
+    # (libcst's take a tenth of a second); nothing is left to close but the flushed streams.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -4,6 +4,8 @@ profiles/<profile>.lock.json:
   pristine:   {rel: sha256} for every file any fix of the profile or its ports touches
   fixes:      {id: {layer, hash}}  the hash of each fix's own files when the lock was made
   selections: [{key, port, opt_in, steps: [{fix, files: {rel: [before, after]}}]}]
+  definitions: {fix: {sha256: {qualname: [first, last]}}}  where each edit or codemod found the
+              definitions it names in the texts it was pinned on (fixpack.kinds.edit.locate)
 """
 
 from __future__ import annotations

@@ -55,12 +55,26 @@ def selections(pack: Pack, profile: Profile) -> list[tuple[Port | None, list[str
     return [(port, subset) for port in ports for subset in subsets]
 
 
-def record_selection(pack: Pack, profile: Profile, port: Port | None, opt_ins: list[str], tree: Path, quiet=True, memo: dict | None = None) -> list[Step]:
-    """Apply a selection to a pristine tree without pins, checking idempotence; return its steps."""
+def record_selection(
+    pack: Pack,
+    profile: Profile,
+    port: Port | None,
+    opt_ins: list[str],
+    tree: Path,
+    quiet=True,
+    memo: dict | None = None,
+    located: dict | None = None,
+) -> list[Step]:
+    """Apply a selection to a pristine tree without pins, checking idempotence; return its steps.
+    ``located`` gathers where each fix found its definitions ({fix: {sha256: {qualname: span}}})."""
     found = {p: tree / p for p in profile.packages}
     store = Store(tree / ".fixpack")
     engine = Engine(pack, profile, port, opt_ins, found, store, None, report=Reporter(quiet=quiet), check_idempotent=True, memo=memo)
     engine.apply()
+    if located is not None:
+        for fix, texts in engine.runner.located.items():
+            for digest, spans in texts.items():
+                located.setdefault(fix, {}).setdefault(digest, {}).update(spans)
     state = store.read_state()
     return state.steps if isinstance(state, StateRecord) else []  # no state record: nothing was applied
 
@@ -73,10 +87,11 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
     sels = []
     pristine: dict[str, str] = {}
     memo: dict = {}
+    located: dict = {}
     for port, opt in selections(pack, profile):
         with scratch() as d:
             tree = make_tree(d)
-            steps = record_selection(pack, profile, port, opt, tree, quiet=quiet, memo=memo)
+            steps = record_selection(pack, profile, port, opt, tree, quiet=quiet, memo=memo, located=located)
         key = selection_key(port.name if port else None, opt)
         for s in steps:
             fixes[s.fix] = {"layer": str(s.layer), "hash": s.fix_hash, **({"dir": s.dir} if s.dir else {})}
@@ -95,6 +110,13 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
         "pristine": dict(sorted(pristine.items())),
         "fixes": dict(sorted(fixes.items())),
         "selections": sels,
+        # where each edit and codemod found the definitions it names, per text it was run on
+        # (by sha256): an apply on those bytes takes them from here instead of parsing the module
+        "definitions": {
+            fix: {digest: dict(sorted(spans.items())) for digest, spans in sorted(texts.items())}
+            for fix, texts in sorted(located.items())
+            if texts
+        },
     }
 
 

@@ -49,30 +49,40 @@ class Runner:
         if self.sandbox not in SANDBOX_MODES:
             raise ConfigError(f"FIXPACK_SANDBOX={self.sandbox}: expected one of {', '.join(SANDBOX_MODES)}")
         self.protection: dict | None = None  # what confined the fix processes of this run
-        self._forkserver: ForkServer | None = None
+        self._forkservers: dict[str, ForkServer] = {}  # "" for diffs and edits, "codemod" for codemods
         self._watch: TreeWatch | None = None
         self._unchecked: list[str] = []  # fixes run sealed, compared at the end of the run
+        # {fix: {sha256 of a text: {qualname: [first, last]}}}: where each fix's process found
+        # the definitions it names (fixpack.kinds.edit.locate), for the lock to keep
+        self.located: dict[str, dict[str, dict[str, list[int]]]] = {}
 
     # ---- the fork server
-    def _server(self) -> ForkServer:
-        if self._forkserver is None:
+    def _server(self, kind: str) -> ForkServer:
+        """The fork server for a fix of ``kind``: codemods have their own, which imports libcst
+        when it starts, so that the import runs beside the fixes before the first codemod."""
+        preload = "codemod" if kind == "codemod" else ""
+        if preload not in self._forkservers:
             env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
             pkg_parent = str(Path(__file__).resolve().parent.parent)
             env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-            self._forkserver = ForkServer(env, cwd=str(self.state_dir))
-        return self._forkserver
+            self._forkservers[preload] = ForkServer(env, cwd=str(self.state_dir), preload=preload)
+        return self._forkservers[preload]
 
-    def start(self) -> None:
-        """Start the fork server now (it imports the fix machinery while the driver works)."""
-        try:
-            self._server().start()
-        except OSError:
-            pass  # `run` starts it again and reports what fails
+    def start(self, kinds: set[str]) -> None:
+        """Start the fork servers the fixes of ``kinds`` need now (they import the fix machinery
+        while the driver works)."""
+        for kind in sorted(kinds):
+            try:
+                self._server(kind).start()
+            except OSError:
+                pass  # `run` starts it again and reports what fails
 
     def close(self) -> None:
-        if self._forkserver is not None:
-            self._forkserver.close()
-            self._forkserver = None
+        servers, self._forkservers = self._forkservers, {}
+        for server in servers.values():
+            server.stop()  # both exit at once, then both are waited for
+        for server in servers.values():
+            server.close()
 
     # ---- one fix
     def run(
@@ -83,10 +93,12 @@ class Runner:
         hashes: dict | None = None,
         *,
         timeout: float | None = None,
+        known: dict | None = None,
     ) -> dict[str, bytes]:
         """The new bytes of each of ``fix``'s targets, read from ``inputs``; ``pins`` (rel ->
         [before, after]) let the worker skip compiling an output equal to its pin; ``timeout``
-        (seconds) replaces the runner's own for this fix."""
+        (seconds) replaces the runner's own for this fix; ``known``: the lock's record of where
+        the fix's definitions sit in its pinned texts (fixpack.kinds.edit.locate)."""
         timeout = self.timeout if timeout is None else timeout
         stage = self.state_dir / "staging" / fix.id
         shutil.rmtree(stage, ignore_errors=True)
@@ -106,12 +118,13 @@ class Runner:
             ],
             # An output equal to its pin was compiled when the pin was recorded; the worker need not compile it again.
             "expect": {rel: pins[rel][1] for rel in inputs} if pins else {},
+            "definitions": known or {},
         }
         watch = self._watching()
         if not watch.before:
             watch.take()
         try:
-            proc = self._server().run(job, timeout)
+            proc = self._server(fix.kind).run(job, timeout)
         except ServerDied as exc:
             self._check_outside(fix, watch, stage)
             shutil.rmtree(stage, ignore_errors=True)
@@ -155,7 +168,21 @@ class Runner:
             )
         out = {t["rel"]: Path(t["out"]).read_bytes() for t in job["targets"]}
         shutil.rmtree(stage, ignore_errors=True)
+        self._note_located(fix, result.get("located"))
         return out
+
+    def _note_located(self, fix: Fix, located) -> None:
+        """Keep what the fix's process says it located, in the shape the lock stores; anything
+        else is ignored (a record is only ever used for the same fix, checked by its hash)."""
+        if not isinstance(located, dict):
+            return
+        mine = self.located.setdefault(fix.id, {})
+        for digest, spans in located.items():
+            if not (isinstance(digest, str) and isinstance(spans, dict)):
+                continue
+            for qualname, span in spans.items():
+                if isinstance(span, list) and len(span) == 2 and all(isinstance(n, int) for n in span):
+                    mine.setdefault(digest, {})[qualname] = span
 
     # ---- the snapshot check
     def _watching(self) -> TreeWatch:

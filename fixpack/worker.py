@@ -111,7 +111,8 @@ def run(job: dict) -> dict:
     fix_dir = Path(job["fix_dir"])
     kind = kinds.module(job["kind"])
     sources = {t["rel"]: Path(t["src"]).read_bytes() for t in job["targets"]}
-    result = kind.apply(fix_dir, sources).outputs
+    applied = kind.apply(fix_dir, sources, known=job.get("definitions"))
+    result = applied.outputs
     if job.get("check_idempotent") and kind.IDEMPOTENT:
         again = kind.apply(fix_dir, result).outputs
         for rel in result:
@@ -133,7 +134,7 @@ def run(job: dict) -> dict:
                 compile(data, rel, "exec", dont_inherit=True)
             except SyntaxError as exc:
                 raise ValueError(f"the fixed {rel} does not compile: {exc.msg} at line {exc.lineno}") from exc
-    return {"outputs": outputs}
+    return {"outputs": outputs, "located": applied.located}
 
 
 def execute(job: dict) -> int:

@@ -131,3 +131,35 @@ def test_what_confined_a_child_is_its_first_line_and_a_fix_cannot_forge_it(serve
     assert json.loads(lines[1]) == json.loads(forged)  # the fix did print its claim ...
     got = Runner.protection_of(r)  # ... but the driver reads the line written before the fix loaded
     assert got == {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}
+
+
+def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_starts_it_only_for_codemods(tmp_path):
+    import subprocess
+
+    code = (
+        "import sys, fixpack.forkserver as f\n"
+        "sys.stdin = open(sys.argv[1])\n"
+        "f.serve(sys.argv[2])\n"
+        "print('libcst' in sys.modules, file=sys.stderr)\n"
+    )
+    (tmp_path / "none").write_text("")
+    for preload, has in (("codemod", "True"), ("", "False")):
+        r = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "none"), preload],
+            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120,
+        )
+        assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == has, (preload, r.stderr)
+
+    from fixpack.runner import Runner
+    from fixpack.verify import Lines
+
+    runner = Runner([tmp_path], tmp_path, Lines(quiet=True))
+    try:
+        runner.start({"diff", "edit"})
+        assert sorted(runner._forkservers) == [""]
+        runner.start({"diff", "codemod"})
+        assert sorted(runner._forkservers) == ["", "codemod"]
+        assert [s.proc.poll() for s in runner._forkservers.values()] == [None, None]  # both running
+    finally:
+        runner.close()
+    assert runner._forkservers == {}

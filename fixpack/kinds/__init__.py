@@ -8,9 +8,11 @@
   rather than a text. Only this kind imports libcst, and only in the process of such a fix.
 
 Each kind module has ``CHANGE_FILE``, ``IDEMPOTENT`` (running it on its own output changes
-nothing) and ``apply(fix_dir, sources, drop=None) -> Applied``. ``sources`` maps each declared
-target (``package/path``) to its bytes; ``drop`` leaves one part out (for ``fixpack check``'s
-every-part-necessary proof). This package imports nothing: the container-start path reads
+nothing) and ``apply(fix_dir, sources, drop=None, known=None) -> Applied``. ``sources`` maps
+each declared target (``package/path``) to its bytes; ``drop`` leaves one part out (for
+``fixpack check``'s every-part-necessary proof); ``known`` is what the lock recorded of where
+the fix's definitions sit in the texts it was pinned on (``Applied.located``), keyed by their
+sha256, so that an edit or a codemod need not parse a pinned module again to find them. This package imports nothing: the container-start path reads
 ``CHANGE_FILES`` from it.
 """
 

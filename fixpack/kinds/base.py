@@ -15,6 +15,10 @@ class ChangeError(FixFailed):
 class Applied:
     outputs: dict[str, bytes]  # every declared target, changed or not
     parts: list[str] = field(default_factory=list)  # one label per hunk / edit / codemod place
+    # Where the definitions an edit or a codemod's SCOPE names sit, for each text it located
+    # them in: {sha256 of the text: {qualname: [first line, last line]}}. The lock keeps it per
+    # fix, so that an apply on the pinned bytes need not parse a whole module to find them.
+    located: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
 
 def check_declared(where: str, named: set[str], declared: set[str], what: str) -> None:

@@ -117,17 +117,16 @@ def _parse(code: str, what: str) -> cst.Module:
         raise ChangeError(f"{what} does not parse: {exc.message} at line {exc.raw_line}") from exc
 
 
-def _scope_spans(cls: type[Codemod], rel: str, text: str, where: str) -> list[tuple[int, int]]:
-    """Where each definition of ``cls.SCOPE`` sits in ``text`` (character offsets, bottom first)."""
-    from fixpack.kinds.edit import definition_lines, line_starts, parse_definitions
+def _scope_spans(
+    cls: type[Codemod], rel: str, text: str, where: str, known: dict | None, located: dict
+) -> list[tuple[int, int]]:
+    """Where each definition of ``cls.SCOPE`` sits in ``text`` (character offsets, bottom first),
+    found as an edit finds its definitions (fixpack.kinds.edit.locate)."""
+    from fixpack.kinds.edit import line_starts, locate
 
-    defs = parse_definitions(text, rel)
+    lines = locate(text, rel, cls.SCOPE, f"{where}: {cls.__name__}", known, located)
     starts = line_starts(text)
-    spans = []
-    for qualname in cls.SCOPE:
-        first, last = definition_lines(defs, qualname, rel, f"{where}: {cls.__name__}")
-        spans.append((starts[first - 1], min(starts[last], len(text))))
-    return sorted(spans, reverse=True)
+    return sorted(((starts[first - 1], min(starts[last], len(text))) for first, last in lines.values()), reverse=True)
 
 
 def _visit_definition(inst: Codemod, code: str, what: str) -> str:
@@ -150,17 +149,25 @@ def _visit_definition(inst: Codemod, code: str, what: str) -> str:
 
 
 def transform(
-    classes: list[type[Codemod]], rel: str, source: str, skip: tuple[type, str] | None = None, where: str = ""
+    classes: list[type[Codemod]],
+    rel: str,
+    source: str,
+    skip: tuple[type, str] | None = None,
+    where: str = "",
+    known: dict | None = None,
+    located: dict | None = None,
 ) -> str:
     """``source`` with every codemod aimed at ``rel`` run over it, in order, each place found once.
-    A codemod with a SCOPE sees only those definitions; one without sees the whole module."""
+    A codemod with a SCOPE sees only those definitions; one without sees the whole module.
+    ``known`` and ``located``: as for fixpack.kinds.edit.locate."""
+    located = {} if located is None else located
     text = source
     for cls in classes:
         if cls.TARGET != rel:
             continue
         inst = cls(skip=skip[1] if skip and skip[0] is cls else None)
         if cls.SCOPE:
-            for begin, end in _scope_spans(cls, rel, text, where):
+            for begin, end in _scope_spans(cls, rel, text, where, known, located):
                 text = text[:begin] + _visit_definition(inst, text[begin:end], f"{rel} ({cls.__name__})") + text[end:]
         else:
             text = _parse(text, rel).visit(inst).code
@@ -172,15 +179,17 @@ def transform(
     return text
 
 
-def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> Applied:
+def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, known: dict | None = None) -> Applied:
     where = f"{fix_dir.name}/{CHANGE_FILE}"  # the fix's own name, not where this machine keeps it
     classes = load(fix_dir)
+    located: dict = {}
     check_declared(
         where, {cls.TARGET for cls in classes}, set(sources), f"{', '.join(c.__name__ for c in classes)} targets"
     )
     places = [(cls, p) for cls in classes for p in cls.PLACES]
     skip = places[drop] if drop is not None and 0 <= drop < len(places) else None
     outputs = {
-        rel: transform(classes, rel, data.decode("utf-8"), skip, where).encode("utf-8") for rel, data in sources.items()
+        rel: transform(classes, rel, data.decode("utf-8"), skip, where, known, located).encode("utf-8")
+        for rel, data in sources.items()
     }
-    return Applied(outputs, [f"{cls.__name__}: {p}" for cls, p in places])
+    return Applied(outputs, [f"{cls.__name__}: {p}" for cls, p in places], located)

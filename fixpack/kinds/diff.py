@@ -10,7 +10,8 @@ CHANGE_FILE = "patch.diff"
 IDEMPOTENT = False  # a diff applied twice fails; the engine knows a diff's result by its pin
 
 
-def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> Applied:
+def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, known: dict | None = None) -> Applied:
+    """``known`` is unused: a diff's hunks carry their own place."""
     from fixpack.diffpatch import FilePatch, apply_file_patch, parse_diff
 
     patch_file = fix_dir / CHANGE_FILE

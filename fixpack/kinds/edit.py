@@ -14,6 +14,9 @@ idempotent. Several edits of one definition apply in the order written.
 from __future__ import annotations
 
 import ast
+import hashlib
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +100,53 @@ def definition_lines(defs: dict[str, list], qualname: str, rel: str, where: str)
     return min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno
 
 
+def locate(
+    text: str, rel: str, qualnames: Iterable[str], where: str, known: dict | None, located: dict
+) -> dict[str, tuple[int, int]]:
+    """The first line (decorators included) and the last line of the one definition of each of
+    ``qualnames`` in ``text`` (the file ``rel``). Taken from ``known`` when it records this very
+    text (by its sha256) and every name: what the lock kept of where the fix found them when
+    it was pinned, each checked to start at its definition. Otherwise found with ast, as
+    ``definition_lines`` says. Either way the spans are added to ``located`` under the text's hash."""
+    names = list(dict.fromkeys(qualnames))
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    entry = (known or {}).get(digest) or {}
+    if names and all(q in entry for q in names):
+        lines = text.split("\n")
+        spans = {q: _recorded(entry[q], q, lines, rel, where) for q in names}
+    else:
+        defs = parse_definitions(text, rel)
+        spans = {q: definition_lines(defs, q, rel, where) for q in names}
+    located.setdefault(digest, {}).update({q: list(span) for q, span in spans.items()})
+    return spans
+
+
+DEF_LINE = re.compile(r"(async\s+)?(def|class)\s")
+
+
+def _recorded(span, qualname: str, lines: list[str], rel: str, where: str) -> tuple[int, int]:
+    """A span the lock recorded for these bytes, checked to start at the definition (or its
+    first decorator) of ``qualname``: a damaged lock fails here, never edits another place."""
+    name = re.escape(qualname.rsplit(".", 1)[-1])
+    ok = isinstance(span, list) and len(span) == 2 and all(isinstance(n, int) for n in span)
+    if ok:
+        first, last = span
+        ok = 1 <= first <= last <= len(lines)
+    if ok:
+        # its first line is the definition's, or a decorator above it
+        k = first - 1
+        while k < last and not DEF_LINE.match(lines[k].lstrip()):
+            k += 1
+        ok = (k == first - 1 or lines[first - 1].lstrip().startswith("@")) and k < last
+        ok = ok and re.match(rf"(async\s+)?(def|class)\s+{name}\b", lines[k].lstrip()) is not None
+    if not ok:
+        raise ChangeError(
+            f"{where}: the lock's record of where {qualname} sits in {rel} ({span!r}) is not its definition; "
+            "the lock is damaged: regenerate it with `fixpack lock`"
+        )
+    return first, last
+
+
 def line_starts(text: str) -> list[int]:
     """The offset of each line's first character (ast numbers lines from 1), and the end."""
     starts = [0]
@@ -163,17 +213,17 @@ def replace_once(code: str, edit: Edit, where: str) -> str:
     return ("\n" + code).replace("\n" + olds[k], "\n" + news[k], 1)[1:]
 
 
-def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> Applied:
+def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, known: dict | None = None) -> Applied:
     where = f"{fix_dir.name}/{CHANGE_FILE}"  # the fix's own name, not where this machine keeps it
     edits = load(fix_dir)
+    located: dict = {}
     check_declared(where, {e.target for e in edits}, set(sources), "edits")
     outputs = dict(sources)
     parts = [e.label for e in edits]
     for rel in sources:
         mine = [(i, e) for i, e in enumerate(edits) if e.target == rel]
         text = sources[rel].decode("utf-8")
-        defs = parse_definitions(text, rel)
-        spans = {e.qualname: definition_lines(defs, e.qualname, rel, where) for _, e in mine}
+        spans = locate(text, rel, [e.qualname for _, e in mine], where, known, located)
         ordered = sorted(spans.items(), key=lambda s: s[1])
         for (qa, a), (qb, b) in zip(ordered, ordered[1:], strict=False):
             if b[0] <= a[1]:
@@ -188,4 +238,4 @@ def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None) -> 
                     code = replace_once(code, e, where)
             text = text[:begin] + code + text[end:]
         outputs[rel] = text.encode("utf-8")
-    return Applied(outputs, parts)
+    return Applied(outputs, parts, located)

@@ -310,3 +310,37 @@ def test_a_port_is_the_layer_below_the_profile_and_is_never_dropped_silently(tmp
     (tree / ".fixpack" / "state.json.away").rename(tree / ".fixpack" / "state.json")
     assert fixpack("revert", "--all", "--profile", "test", "--root", str(tree), pack=root).returncode == 0
     assert hashes(tree) == hashes(root / "pristine")
+
+
+def test_the_lock_keeps_where_an_edit_found_its_definition_and_an_apply_uses_it(tmp_path):
+    """An edit's definition is found once, when the lock is made, and kept there by the hash
+    of the text; an apply on those bytes takes it from the lock (a damaged record fails the
+    fix, changing nothing), and a pack without the record applies the same bytes by parsing."""
+    import hashlib
+
+    root = make_pack(tmp_path / "pack", fixes=[{"id": "fix-one"}, {"id": "fix-ed"}])
+    write_fix(
+        root, "fix-ed", "edit", ["pkg_a/sub/other.py"], "- {target: pkg_a/sub/other.py, in: Batch.size, replace: 'return len(self.table)', with: 'return len(self.table) + 0'}\n"
+    )
+    lock_path = write_lock(root)
+    lock = json.loads(lock_path.read_text())
+    assert lock["definitions"] == {"fix-ed": {hashlib.sha256(OTHER.encode()).hexdigest(): {"Batch.size": [9, 10]}}}
+    good = new_tree(root, tmp_path / "good")
+    assert fixpack("apply", "--profile", "test", "--root", str(good), pack=root).returncode == 0
+    assert "return len(self.table) + 0" in read(good, "pkg_a/sub/other.py")
+
+    # the record moved to Batch.rows: refused by the fix's process, nothing of it written
+    lock["definitions"]["fix-ed"][hashlib.sha256(OTHER.encode()).hexdigest()]["Batch.size"] = [5, 7]
+    lock_path.write_text(json.dumps(lock))
+    bad = new_tree(root, tmp_path / "bad")
+    r = fixpack("apply", "--profile", "test", "--root", str(bad), pack=root)
+    assert r.returncode != 0, r.stdout
+    assert "the lock's record of where Batch.size sits in pkg_a/sub/other.py" in r.stderr, r.stderr
+    assert "nothing was written" in r.stderr and read(bad, "pkg_a/sub/other.py") == OTHER
+
+    # without any record the same pinned bytes come out (the record only saves the parse)
+    del lock["definitions"]
+    lock_path.write_text(json.dumps(lock))
+    plain = new_tree(root, tmp_path / "plain")
+    assert fixpack("apply", "--profile", "test", "--root", str(plain), pack=root).returncode == 0
+    assert hashes(plain) == hashes(good)

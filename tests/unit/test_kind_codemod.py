@@ -119,3 +119,26 @@ def test_a_scope_is_all_the_codemod_sees_and_must_exist_once(tmp_path):
     )
     with pytest.raises(ChangeError, match="A.nope in pkg/t.py: expected exactly one definition, found 0"):
         run(d)
+
+
+def test_a_scope_is_found_from_the_record_of_these_bytes_without_a_parse(tmp_path, monkeypatch):
+    import hashlib
+
+    from fixpack.kinds import edit
+
+    d = fix(tmp_path, fn="f")
+    text = (d / "codemod.py").read_text()
+    (d / "codemod.py").write_text(
+        text.replace(
+            '    PLACES = ("g\'s second argument",)\n', '    PLACES = ("g\'s second argument",)\n    SCOPE = ("A.f",)\n'
+        )
+    )
+    first = codemod.apply(d, {"pkg/t.py": SRC.encode()})
+    assert first.located == {hashlib.sha256(SRC.encode()).hexdigest(): {"A.f": [2, 3]}}
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the module was parsed")
+
+    monkeypatch.setattr(edit, "parse_definitions", refuse)
+    again = codemod.apply(d, {"pkg/t.py": SRC.encode()}, known=first.located)
+    assert again.outputs == first.outputs and b"g(1, 3)" in again.outputs["pkg/t.py"]

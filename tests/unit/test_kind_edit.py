@@ -150,3 +150,37 @@ def test_edits_never_import_libcst(tmp_path):
     sys.modules.pop("libcst", None)
     run(edits(tmp_path, ("A.g", "return 2", "return 3")), SRC)
     assert "libcst" not in sys.modules
+
+
+def _no_parse(monkeypatch):
+    def refuse(*_a, **_k):
+        raise AssertionError("the module was parsed")
+
+    monkeypatch.setattr(edit, "parse_definitions", refuse)
+
+
+def test_where_it_found_a_definition_is_recorded_by_the_text_hash_and_used_again_without_a_parse(tmp_path, monkeypatch):
+    import hashlib
+
+    fix = edits(tmp_path, ("A.g", "return 2", "return 3"))
+    first = edit.apply(fix, {"pkg/t.py": SRC.encode()})
+    digest = hashlib.sha256(SRC.encode()).hexdigest()
+    assert first.located == {digest: {"A.g": [7, 8]}}  # "def g" and "return 2" of class A
+    _no_parse(monkeypatch)
+    again = edit.apply(fix, {"pkg/t.py": SRC.encode()}, known=first.located)
+    assert again.outputs == first.outputs
+    # a record of other bytes is not used: these are parsed (and the refusing parser says so)
+    other = SRC.replace("x = 1", "x = 2").encode()
+    with pytest.raises(AssertionError, match="parsed"):
+        edit.apply(fix, {"pkg/t.py": other}, known=first.located)
+
+
+@pytest.mark.parametrize("span", [[4, 5], [1, 2], [7, 99], [8, 7], "7-8", [7]])
+def test_a_damaged_record_is_refused_never_used_to_edit_another_place(tmp_path, span):
+    import hashlib
+
+    fix = edits(tmp_path, ("A.g", "return 2", "return 3"))
+    known = {hashlib.sha256(SRC.encode()).hexdigest(): {"A.g": span}}
+    # [4, 5] is A.f (def f, not def g); [1, 2] is class A; the rest are not spans of this text
+    with pytest.raises(ChangeError, match=r"the lock's record of where A.g sits in pkg/t.py .* regenerate it"):
+        edit.apply(fix, {"pkg/t.py": SRC.encode()}, known=known)
