@@ -58,7 +58,7 @@ def decode_bits(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     exp = torch.where(big, c + e - 1, c - 1)
     f = torch.where(big, m, torch.zeros_like(m))
     normal = (exp << 23) | (f << 22)
-    sub = (2 + f) << (exp + 21).clamp(min=0)
+    sub = (2 + f) << (exp + 21).clamp(0, 21)  # used only where E <= 0; the clamp keeps every shift defined
     mag = torch.where(exp >= 255, torch.full_like(exp, _INF), torch.where(exp >= 1, normal, sub))
     mag = torch.where((e == 0) & (m == 0), torch.zeros_like(mag), mag)
     mag = torch.where(c == 255, torch.full_like(mag, _NAN), mag)

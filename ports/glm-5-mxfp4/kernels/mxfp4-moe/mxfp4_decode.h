@@ -35,7 +35,7 @@ static inline int64 mxfp4_nibble_bits(int64 q, int64 c)
     int64 ex = SEL_I32(e, zero, grt, c + e - 1, c - 1);          /* E */
     int64 f = SEL_I32(e, zero, grt, m, zero);                    /* f */
     int64 normal = (ex << 23) | (f << 22);
-    int64 shift = SEL_I32(ex, -21, grt, ex + 21, zero);          /* E + 21, >= 0 where used */
+    int64 shift = SEL_I32(ex, 0, grt, (int64)21, ex + 21);       /* E + 21 (20 or 21) where used */
     int64 sub = (f + 2) << shift;
     int64 mag = SEL_I32(ex, 0, grt, normal, sub);                /* E >= 1: normal */
     mag = SEL_I32(ex, 254, grt, (int64)MXFP4_INF_BITS, mag);     /* E >= 255: +inf */
