@@ -8,11 +8,16 @@
   kernels equals the reference MoE path's within a stated bf16 tolerance;
 * negative controls: a scale exponent off by one, swapped nibbles, a corrupted scale in an
   expert: each comparison above reports them;
+* the kernel sources themselves, compiled unchanged with g++ against a host stand-in of the TPC
+  intrinsics (tpc_host/): their bf16 outputs and their float32 sums equal the emulation's bit for
+  bit, and a copy with one step out of the contract's order is reported;
 * the kernel folder: op.py falls back to this order without a build, build.sh refuses without
   the toolchain (exit 3) and is shellcheck-clean, gate.py cannot run without a card (exit 2),
   and the sources' constants are these.
 
-The kernels themselves run only on a card: kernels/mxfp4-moe/gate.py (gate "mxk").
+The host build shows the sources do what the contract says given the stand-in's reading of each
+intrinsic; whether the card's intrinsics agree is the device gate's question:
+kernels/mxfp4-moe/gate.py (gate "mxk").
 """
 
 from __future__ import annotations
@@ -336,3 +341,123 @@ def test_the_device_gate_cannot_run_here_and_says_so():
     proc = subprocess.run([sys.executable, str(KERNELS / "gate.py")], capture_output=True, text=True, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "mxk gate: cannot run" in proc.stdout and "pass" not in proc.stdout
+
+
+# --------------------------------------------------------------------------- the sources, built on the host
+HOST = Path(__file__).resolve().parent / "tpc_host"
+
+
+def build_host_kernel(out: Path, kernel_dir: Path, gemv: bool, f32_out: bool = False) -> Path:
+    """The kernel source in ``kernel_dir``, unchanged, against the host stand-in of the TPC
+    intrinsics (tpc_host/tpc_shim.hpp), as an executable; ``f32_out``: the GEMV writes its
+    float32 sums instead of rounding them to bf16."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the kernel sources on the host")
+    exe = out / ("gemv" + ("_f32" if f32_out else "") if gemv else "unpack")
+    flags = [
+        "-std=c++17",
+        "-O1",
+        "-fno-strict-aliasing",
+        "-ffp-contract=off",
+        "-fwrapv",
+        "-Wall",
+        "-Werror",
+        "-Wno-unknown-pragmas",
+    ]
+    if gemv:
+        flags += ["-DGEMV", *(["-DF32_OUT", "-DF32_TO_BF16_RNE(v)=(v)"] if f32_out else [])]
+    cmd = [cxx, *flags, f"-I{kernel_dir}", f"-I{HOST}", str(HOST / "run_kernel.cpp"), "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return exe
+
+
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tpc_host")
+    return {
+        "gemv": build_host_kernel(out, KERNELS, True),
+        "gemv_f32": build_host_kernel(out, KERNELS, True, True),
+        "unpack": build_host_kernel(out, KERNELS, False),
+    }
+
+
+def run_host_gemv(exe: Path, x, packed, scales, tmp: Path, f32: bool = False) -> torch.Tensor:
+    t, k = x.shape
+    n = packed.shape[0]
+    # the op's preparation (hpu_glm_mxfp4.cpp): x[t, 2j + h] -> xs[t, h, j] in fp32
+    x.float().view(t, k // 2, 2).transpose(1, 2).contiguous().numpy().tofile(tmp / "xs")
+    packed.numpy().tofile(tmp / "packed")
+    scales.numpy().tofile(tmp / "scales")
+    args = [str(exe), str(n), str(k), str(t), *(str(tmp / f) for f in ("xs", "packed", "scales", "y"))]
+    subprocess.run(args, check=True)
+    y = torch.from_numpy(np.fromfile(tmp / "y", dtype=np.float32 if f32 else np.int16).reshape(n, t)).t().contiguous()
+    return y if f32 else y.view(torch.bfloat16)
+
+
+def run_host_unpack(exe: Path, packed, scales, tmp: Path) -> torch.Tensor:
+    n, half = packed.shape
+    packed.numpy().tofile(tmp / "packed")
+    scales.numpy().tofile(tmp / "scales")
+    subprocess.run([str(exe), str(n), str(2 * half), *(str(tmp / f) for f in ("packed", "scales", "out"))], check=True)
+    return torch.from_numpy(np.fromfile(tmp / "out", dtype=np.int32).reshape(n, half)).view(torch.bfloat16)
+
+
+def random_weights(n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(112, 132, (n, k // 32), generator=g, dtype=torch.int32).to(torch.uint8)
+    return packed, scales
+
+
+def test_the_kernel_sources_built_on_the_host_give_the_emulations_bits(host_kernels, tmp_path):
+    g = torch.Generator().manual_seed(8)
+    # K 6,144 and 1,024: GLM-5.3's w13 and w2 at GLM_MOE_TP=2; 96 and 160: a partial last chunk
+    for n, k, t in ((48, 6144, 16), (128, 1024, 5), (8, 96, 3), (16, 160, 1), (4, 64, 2)):
+        packed, scales = random_weights(n, k, g)
+        x = torch.randn(t, k, generator=g).to(torch.bfloat16)
+        got = run_host_gemv(host_kernels["gemv"], x, packed, scales, tmp_path)
+        assert torch.equal(got.view(torch.int16), mxk.gemv_bf16(x, packed, scales).view(torch.int16)), (n, k, t)
+        sums = run_host_gemv(host_kernels["gemv_f32"], x, packed, scales, tmp_path, f32=True)
+        assert torch.equal(sums.view(torch.int32), mxk.gemv_accumulate(x, packed, scales).view(torch.int32)), (n, k, t)
+        got = run_host_unpack(host_kernels["unpack"], packed, scales, tmp_path)
+        assert torch.equal(got.view(torch.int16), mxk.unpack_bf16(packed, scales).view(torch.int16)), (n, k)
+    packed, scales = every_byte_under_every_code()  # NaN (code 255), subnormals, inf included: the same bits
+    got = run_host_unpack(host_kernels["unpack"], packed, scales, tmp_path)
+    assert torch.equal(got.view(torch.int16), mxk.unpack_bf16(packed, scales).view(torch.int16))
+
+
+LO_THEN_HI = """float64 p_lo = x_lo * w_lo;
+                float64 a = acc[t] + p_lo;
+                acc[t] = SEL_F32_LT(j, k_elems / 2, a, acc[t]);
+                float64 p_hi = x_hi * w_hi;
+                a = acc[t] + p_hi;"""
+HI_THEN_LO = LO_THEN_HI.replace("_lo", "_@").replace("_hi", "_lo").replace("_@", "_hi")
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new"),
+    [
+        ("the fold by doubling", "for (int h = LANES / 2; h >= 1; h /= 2)", "for (int h = 1; h < LANES; h *= 2)"),
+        ("the high element first", LO_THEN_HI, HI_THEN_LO),
+        (
+            "scales spread by 8 lanes",
+            "SHUFFLE_I32(U8_QUARTER_TO_I32(sb, 0), lane >> 4)",
+            "SHUFFLE_I32(U8_QUARTER_TO_I32(sb, 0), lane >> 3)",
+        ),
+    ],
+)
+def test_a_kernel_source_out_of_the_contracts_order_is_reported(tmp_path, name, old, new):
+    # negative control: the same comparison on a copy of the source with one step changed
+    src = tmp_path / "src"
+    shutil.copytree(KERNELS, src, ignore=shutil.ignore_patterns("build"))
+    text = (src / "mxfp4_gemv_bf16.c").read_text()
+    assert text.count(old) == 1, name
+    (src / "mxfp4_gemv_bf16.c").write_text(text.replace(old, new))
+    exe = build_host_kernel(tmp_path, src, True, f32_out=True)
+    g = torch.Generator().manual_seed(9)
+    packed, scales = random_weights(64, 1024, g)
+    x = torch.randn(8, 1024, generator=g).to(torch.bfloat16)
+    sums = run_host_gemv(exe, x, packed, scales, tmp_path, f32=True)
+    differ = int((sums.view(torch.int32) != mxk.gemv_accumulate(x, packed, scales).view(torch.int32)).sum())
+    assert differ > 0, name

@@ -64,8 +64,12 @@
 #ifndef F32_TO_BF16_RNE
 #define F32_TO_BF16_RNE(v) v_convert_f32_to_bf16_all_b((v), SW_RHNE)
 #endif
+/* Lane-wise selects on int32 lanes a, b: (a == b ? x : y), (a < b ? x : y). */
 #ifndef SEL_F32_EQ
 #define SEL_F32_EQ(a, b, x, y) v_f32_sel_eq_i32_b((a), (b), (x), (y))
+#endif
+#ifndef SEL_F32_LT
+#define SEL_F32_LT(a, b, x, y) v_f32_sel_less_i32_b((a), (b), (x), (y))
 #endif
 
 void main(tensor xs, tensor packed, tensor scales, tensor y, int k_elems, int tokens)
@@ -107,10 +111,10 @@ void main(tensor xs, tensor packed, tensor scales, tensor y, int k_elems, int to
                 float64 x_hi = v_f32_ld_tnsr_b(xc, xs);
                 float64 p_lo = x_lo * w_lo;
                 float64 a = acc[t] + p_lo;
-                acc[t] = SEL_F32_EQ(j < k_elems / 2, 1, a, acc[t]);
+                acc[t] = SEL_F32_LT(j, k_elems / 2, a, acc[t]);
                 float64 p_hi = x_hi * w_hi;
                 a = acc[t] + p_hi;
-                acc[t] = SEL_F32_EQ(j < k_elems / 2, 1, a, acc[t]);
+                acc[t] = SEL_F32_LT(j, k_elems / 2, a, acc[t]);
             }
         }
 
