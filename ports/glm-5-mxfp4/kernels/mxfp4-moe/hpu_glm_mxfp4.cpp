@@ -49,9 +49,15 @@ habana::PartialOutputMetaDataVector unpack_meta(const at::Stack& inputs) {
   return {habana::PartialOutputMetaData{c10::ScalarType::Int, w.sizes().vec()}};
 }
 
+// The unpack kernel takes no scalar parameters.
+std::shared_ptr<void> unpack_params(const at::Stack&, size_t& size) {
+  size = 0;
+  return nullptr;
+}
+
 bool register_inner() {
   habana::custom_op::registerUserCustomOp(kGemvInner, kGemvGuid, gemv_meta, gemv_params);
-  habana::custom_op::registerUserCustomOp(kUnpackInner, kUnpackGuid, unpack_meta, nullptr);
+  habana::custom_op::registerUserCustomOp(kUnpackInner, kUnpackGuid, unpack_meta, unpack_params);
   return true;
 }
 
