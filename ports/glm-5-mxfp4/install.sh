@@ -11,12 +11,13 @@
 #    releases/v0.30.0 repository is reachable first.
 # 2. Checks the MXFP4 MoE kernels before anything is changed. GLM_MXK and GLM_MXK_PREFILL (the
 #    port's switches, as the launch block sets them: 1) say whether the served image needs them.
-#    The kernel sources (kernels/mxfp4-moe/build.sh --variant glm) are not in this port yet, so
-#    with either switch at 1 the install stops here (exit 20, nothing changed); with both at 0
-#    the image serves the reference MXFP4 path (glm5_hpu/moe_mxfp4.py) and needs no kernel.
+#    The kernels' sources and build script are written (kernels/mxfp4-moe/, build.sh --variant
+#    glm) but nothing in glm5_hpu dispatches to them yet, so with either switch at 1 the install
+#    stops here (exit 20, nothing changed) rather than build kernels nothing would call; with both
+#    at 0 the image serves the reference MXFP4 path (glm5_hpu/moe_mxfp4.py) and needs no kernel.
 # 3. Applies the port's source patches with fixpack: selection "--port glm-5-mxfp4", i.e. the
-#    port's patches, then the profile's default fixes.
-# 4. Builds the kernels (when step 2 found them).
+#    port's patches, then the profile's defaults.
+# 4. (The kernel build, `build.sh --variant glm`, belongs here once the dispatch exists.)
 # 5. Installs the port package (glm5_hpu and the converter glm5_mxfp4: pip install --no-deps
 #    ports/glm-5-mxfp4; with --root, into DIR with --target). The package must declare the
 #    glm5_hpu vllm.general_plugins entry point; without it the install stops before any change
@@ -26,8 +27,8 @@
 #
 # Exit codes: 0 installed; 2 usage, or the cookbook/python is incomplete; otherwise the base is
 # refused with fixpack's own code (3 base mismatch, 5 drift, ...) and nothing is changed;
-# 20 the kernels are needed (GLM_MXK or GLM_MXK_PREFILL = 1) and not buildable here (nothing
-# changed); 21 kernel build failed; 22 the plugin cannot be installed (nothing changed when found
+# 20 the kernels are needed (GLM_MXK or GLM_MXK_PREFILL = 1) and not dispatched yet (nothing
+# changed); 22 the plugin cannot be installed (nothing changed when found
 # before step 3); 23 the final check failed.
 set -euo pipefail
 
@@ -48,7 +49,7 @@ while (( $# )); do
   case "$1" in
     --root) [[ $# -ge 2 ]] || die 2 "--root needs a folder"; ROOT="$(cd "$2" && pwd)" || die 2 "--root $2: no such folder"; shift 2 ;;
     --no-plugin) PLUGIN=0; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) die 2 "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -92,25 +93,14 @@ set -e
 (( rc == 0 )) || die "$rc" "fixpack verify found drift in the base (exit $rc); nothing was changed"
 
 # ---- 2. kernels, before any change
-BUILD="$HERE/kernels/mxfp4-moe/build.sh"
-KERNEL=0
 if [[ "$MXK" == 1 || "$MXK_PREFILL" == 1 ]]; then
-  [[ -f "$BUILD" ]] || die 20 "GLM_MXK=$MXK GLM_MXK_PREFILL=$MXK_PREFILL need the MXFP4 MoE kernels, and ports/$PORT/kernels/mxfp4-moe/build.sh is not written yet; set GLM_MXK=0 GLM_MXK_PREFILL=0 to install the reference path. Nothing was changed"
-  bash "$BUILD" --check || die 20 "the MXFP4 MoE kernels need the TPC toolchain (above); install inside the Gaudi image. Nothing was changed"
-  KERNEL=1
-else
-  say "GLM_MXK=0 GLM_MXK_PREFILL=0: no kernels (the reference MXFP4 path serves)"
+  die 20 "GLM_MXK=$MXK GLM_MXK_PREFILL=$MXK_PREFILL need the MXFP4 MoE kernels and their dispatch: the kernels' sources and build script are in ports/$PORT/kernels/mxfp4-moe/ (not yet built or run on a card), but nothing in glm5_hpu calls them yet; set GLM_MXK=0 GLM_MXK_PREFILL=0 to install the reference path. Nothing was changed"
 fi
+say "GLM_MXK=0 GLM_MXK_PREFILL=0: no kernels (the reference MXFP4 path serves)"
 
 # ---- 3. the port's patches (and the profile's defaults under them)
 say "applying port $PORT on profile $PROFILE"
 "${FP[@]}" || die $? "applying the port failed"
-
-# ---- 4. kernels
-if (( KERNEL )); then
-  say "building the MXFP4 MoE kernels"
-  bash "$BUILD" --variant glm || die 21 "the MXFP4 MoE kernels did not build"
-fi
 
 # ---- 5. plugin
 if (( PLUGIN )); then
@@ -145,4 +135,4 @@ if not eps:
 print(f"plugin entry point: {eps[0].name} = {eps[0].value}")
 PY
 fi
-say "port $PORT installed (MXFP4 MoE: $([[ $KERNEL == 1 ]] && echo kernels || echo 'reference path'); plugin: $([[ $PLUGIN == 1 ]] && echo glm5_hpu || echo 'not installed'))"
+say "port $PORT installed (MXFP4 MoE: reference path; plugin: $([[ $PLUGIN == 1 ]] && echo glm5_hpu || echo 'not installed'))"

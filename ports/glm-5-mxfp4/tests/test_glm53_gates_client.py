@@ -365,3 +365,26 @@ def test_results_in_the_readme_are_empty_until_measured():
     table = text.split("## Results", 1)[1]
     rows = [line for line in table.splitlines() if line.startswith("|") and not line.startswith(("| gate", "|---"))]
     assert rows and all(re.fullmatch(r"\|\s*\S+\s*\|\s*not measured\s*\|.*", row) for row in rows), rows
+
+
+@pytest.mark.parametrize(("code", "status", "rc"), [(0, "pass", 0), (1, "fail", 1), (2, "not run", 1), (7, "error", 1)])
+def test_mxk_runs_the_kernel_gate_without_a_server_and_maps_its_exit_code(tmp_path, code, status, rc):
+    script = tmp_path / "gate.py"
+    script.write_text(f"import sys\nprint('gemv N 8 K 64 T 1: identical')\nprint('mxk gate: {status}')\nsys.exit({code})\n")
+    out = tmp_path / "r.json"
+    got = gates.main(["--base-url", "http://127.0.0.1:9", "--only", "mxk", "--mxk-gate", str(script), "--json", str(out)])
+    (r,) = json.loads(out.read_text())["results"]
+    assert got == rc and r["gate"] == "mxk" and r["result"] == status
+    assert r["figures"] == {"exit": code, "summary": f"mxk gate: {status}"} and "identical" in r["details"][0]
+
+
+def test_mxk_without_its_script_is_not_run_and_the_real_one_cannot_run_here(tmp_path):
+    out = tmp_path / "r.json"
+    assert gates.main(["--only", "mxk", "--mxk-gate", str(tmp_path / "absent.py"), "--json", str(out)]) == 1
+    assert json.loads(out.read_text())["results"][0]["result"] == "not run"
+    if importlib.util.find_spec("habana_frameworks") is not None:
+        pytest.skip("Gaudi software present: the real gate may run")
+    assert gates.MXK_GATE.is_file()
+    assert gates.main(["--only", "mxk", "--json", str(out)]) == 1
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["result"] == "not run" and r["figures"]["summary"].startswith("mxk gate: cannot run")

@@ -9,7 +9,7 @@ tests make a stand-in for releases/v0.30.0 (the development base plus a file no 
 pin it with `fixpack manifest` and `fixpack lock` in a scratch copy of the pack (as the v0.30.0
 launch-line test does), and install into a tree of it: the port's patches then the profile's
 defaults applied, its final checks passed, a second run a no-op; a tampered tree, the kernels
-required (GLM_MXK=1, not written yet) and a plugin with no entry point each stop before any change.
+required (GLM_MXK=1, written but not dispatched yet) and a plugin with no entry point each stop before any change.
 """
 
 from __future__ import annotations
@@ -167,12 +167,14 @@ def test_a_tampered_tree_is_refused_and_left_as_it_was(pinned, tree, rel):
 
 
 def test_kernels_required_stop_before_any_change(pinned, tree):
+    # the kernels' sources and build.sh exist; nothing dispatches to them, so the install refuses
     pack, env = pinned
-    assert not (PORT_DIR / "kernels" / "mxfp4-moe" / "build.sh").exists(), "the kernels exist now: test their build instead"
+    assert (PORT_DIR / "kernels" / "mxfp4-moe" / "build.sh").exists()
     before = snapshot(tree)
     proc = install(pack, tree, "--no-plugin", env=env, mxk="1")
     assert proc.returncode == 20, (proc.stdout + proc.stderr)[-2000:]
-    assert "need the MXFP4 MoE kernels" in proc.stderr and "Nothing was changed" in proc.stderr
+    assert "need the MXFP4 MoE kernels and their dispatch" in proc.stderr and "Nothing was changed" in proc.stderr
+    assert "nothing in glm5_hpu calls them yet" in proc.stderr
     assert snapshot(tree) == before
 
 

@@ -13,6 +13,9 @@ prints). Standard library only, so it runs in the port image as it is.
 | logprobs | 40 sampled requests with top_logprobs 5 (under MTP: the server's configuration) | 40/40 complete (finish_reason stop or length) with every token's logprob and its 5 alternatives finite |
 | stress | 4 streamed decodes; while they run, 64K- and 100K-token prompts with three codes each | 4/4 decodes finished, 3/3 codes in both long answers; the largest gap between two decode chunks is reported |
 | greedy | 16 prompts x 192 tokens, greedy, token ids (`return_token_ids`) | --greedy-record FILE on the launch configuration records; --greedy-compare FILE after a restart with levers off: 16/16 identical |
+| mxk | (no server: one free card) the MXFP4 MoE kernels' own device test, kernels/mxfp4-moe/gate.py: the built ops against their CPU emulation | its exit code 0; 2 (cannot run there) is "not run" |
+
+The page's seven run by default; mxk only when named (--only mxk), before the server takes the cards.
 
 Each gate gives {"gate", "result" (pass, fail, error, not run, recorded), "figures", "details"}.
 Exit code: 0 when every selected gate passed (or recorded), 1 otherwise, 2 bad usage.
@@ -23,15 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import re
+import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
-GATES = ["needles", "gsm8k", "tools", "mtp", "logprobs", "stress", "greedy"]
+PAGE_GATES = ["needles", "gsm8k", "tools", "mtp", "logprobs", "stress", "greedy"]
+GATES = [*PAGE_GATES, "mxk"]
+PORT_DIR = Path(__file__).resolve().parents[2]
+MXK_GATE = PORT_DIR / "kernels" / "mxfp4-moe" / "gate.py"
 DEPTHS = (0.10, 0.50, 0.90)
 LABELS = ("amber", "cobalt", "scarlet")
 
@@ -482,8 +491,24 @@ def gate_greedy(client: Client, a) -> dict:
                   [{"prompt": i, "identical": s, "first_difference": None if s else first[i]} for i, s in enumerate(same)])
 
 
+def gate_mxk(client: Client, a) -> dict:
+    """The kernels' own device test, run as a script (it needs a card, not the server); the port
+    folder goes on PYTHONPATH so glm5_hpu imports from a checkout as well as from the image."""
+    script = Path(a.mxk_gate)
+    if not script.is_file():
+        return result("mxk", None, {}, [f"{script}: no such file"], "not run")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PORT_DIR), os.environ.get("PYTHONPATH", "")) if p))
+    try:
+        proc = subprocess.run([a.mxk_python, str(script)], capture_output=True, text=True, env=env, timeout=a.mxk_timeout)
+    except subprocess.TimeoutExpired:
+        return result("mxk", None, {"timeout_s": a.mxk_timeout}, [], "error")
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    status = {0: "pass", 1: "fail", 2: "not run"}.get(proc.returncode, "error")
+    return result("mxk", None, {"exit": proc.returncode, "summary": lines[-1] if lines else ""}, lines[-60:], status)
+
+
 RUN = {"needles": gate_needles, "gsm8k": gate_gsm8k, "tools": gate_tools, "mtp": gate_mtp,
-       "logprobs": gate_logprobs, "stress": gate_stress, "greedy": gate_greedy}
+       "logprobs": gate_logprobs, "stress": gate_stress, "greedy": gate_greedy, "mxk": gate_mxk}
 
 
 # --------------------------------------------------------------------------- command
@@ -491,7 +516,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="glm53_gates.py", description="device gates of the glm-5-mxfp4 port (the third page's table)")
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", help="served model name (default: the first of /v1/models)")
-    p.add_argument("--only", help=f"comma-separated subset of {','.join(GATES)}")
+    p.add_argument("--only", help=f"comma-separated subset of {','.join(GATES)} (default: {','.join(PAGE_GATES)})")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per request")
     p.add_argument("--needle-prompts", type=int, default=10)
@@ -516,12 +541,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--greedy-tokens", type=int, default=192)
     p.add_argument("--greedy-record", help="record the greedy token ids here (launch configuration)")
     p.add_argument("--greedy-compare", help="compare with ids recorded by --greedy-record")
+    p.add_argument("--mxk-gate", default=str(MXK_GATE), help="the kernels' device test (mxk)")
+    p.add_argument("--mxk-python", default=sys.executable, help="the interpreter that runs it (the image's, with Gaudi software)")
+    p.add_argument("--mxk-timeout", type=float, default=1800.0)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    chosen = GATES if not a.only else [g.strip() for g in a.only.split(",") if g.strip()]
+    chosen = PAGE_GATES if not a.only else [g.strip() for g in a.only.split(",") if g.strip()]
     unknown = [g for g in chosen if g not in GATES]
     if unknown or not chosen:
         print(f"unknown gate(s) {', '.join(unknown)}; known: {', '.join(GATES)}", file=sys.stderr)
