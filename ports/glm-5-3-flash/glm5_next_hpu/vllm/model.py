@@ -316,8 +316,9 @@ class Glm5NextMLA(nn.Module):
         else:  # HPU: the latent (MLA) cache through vLLM's wrapper. Not exercised on CPU.
             from vllm.model_executor.layers.mla import MLAModules, MultiHeadLatentAttentionWrapper
 
-            # The fused q_a/kv_a projection stays in the model dtype (an FP8 checkpoint's two weights
-            # are dequantized into it at load): vLLM's FP8 method would need both halves on the block grid.
+            # The fused q_a/kv_a projection stays in the model dtype (an FP8 checkpoint's two weights are
+            # dequantized into it at load): loading two weights and two scales into one FP8 parameter
+            # pair (the second half's block rows offset) is not built.
             self.fused_qkv_a_proj = _FusedQkvA(D, config.q_lora_rank, config.kv_lora_rank)
             modules = MLAModules(
                 kv_a_layernorm=self.kv_a_layernorm, kv_b_proj=_TupleOut(self.kv_b_proj), rotary_emb=None,
