@@ -213,12 +213,25 @@ def test_fp8_non_weight_tensor_is_refused():
     assert "model.proj.bias" in _refusal(stream)
 
 
-def test_fp8_parameter_is_refused_not_loaded_raw():
-    """A parameter vLLM's FP8 method kept in FP8 is not filled by this (dequantizing) loader."""
+def test_fp8_parameter_takes_the_raw_bytes_and_its_scale_parameter_the_scale():
+    """A parameter vLLM's FP8 method made FP8 gets the checkpoint's e4m3 bytes, not a dequantized
+    weight, and the scale goes to the ``weight_scale_inv`` parameter beside it, bit for bit."""
     stream, _ = _toy_checkpoint()
     model = _Toy()
     model.model.proj.weight = nn.Parameter(torch.empty(48, 32, dtype=FP8_DTYPE), requires_grad=False)
-    with pytest.raises(CheckpointLoadError, match=r"model\.proj\.weight: parameter model\.proj\.weight is torch\.float8_e4m3fn"):
+    model.model.proj.weight_scale_inv = nn.Parameter(torch.empty(3, 2), requires_grad=False)
+    report = load_checkpoint(model, list(stream.items()), num_hidden_layers=1, fp8=SPEC)
+    assert report.fp8_raw == ["model.proj.weight"] and "model.proj.weight" not in report.fp8_dequantized
+    assert {"model.proj.weight", "model.proj.weight_scale_inv"} <= report.loaded_keys
+    assert torch.equal(model.model.proj.weight.view(torch.uint8), stream["model.proj.weight"].view(torch.uint8))
+    assert torch.equal(model.model.proj.weight_scale_inv, stream["model.proj.weight_scale_inv"])
+
+
+def test_fp8_parameter_without_a_scale_parameter_is_refused():
+    stream, _ = _toy_checkpoint()
+    model = _Toy()
+    model.model.proj.weight = nn.Parameter(torch.empty(48, 32, dtype=FP8_DTYPE), requires_grad=False)
+    with pytest.raises(CheckpointLoadError, match=r"model\.proj\.weight_scale_inv: no parameter 'model\.proj\.weight_scale_inv'"):
         load_checkpoint(model, list(stream.items()), num_hidden_layers=1, fp8=SPEC)
 
 

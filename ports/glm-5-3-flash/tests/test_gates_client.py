@@ -263,6 +263,7 @@ def options(url, tmp_path, **over):
         golden_dir=golden, record_golden=None, needle_lengths=[300, 700], tool_doc_tokens=400, answer_tokens=64,
         chat_kwargs={"reasoning_effort": "low"}, decode_lengths=[100, 300], decode_floors=[15.0, 10.0], decode_tokens=8,
         ttft_lengths=[100, 200, 300], ttft_limit=5.0, sinkhorn_dir=sink, sinkhorn_cmd=None, pack_root=pack, script_timeout=20.0,
+        record_fp8=None,
     )
     base.update(over)
     return SimpleNamespace(**base)
@@ -274,8 +275,9 @@ def device_gate(opts, folder: str, code: str):
     path.write_text(code)
 
 
-def write_reference(opts, prompts_ids: dict):
-    (opts.golden_dir / "reference_ids.json").write_text(json.dumps({"format": 1, "measured": {"note": "test"}, "ids": prompts_ids}))
+def write_reference(opts, prompts_ids: dict, name: str = "reference_ids.json", model: str | None = None):
+    measured = {"note": "test"} | ({"model": model} if model else {})
+    (opts.golden_dir / name).write_text(json.dumps({"format": 1, "measured": measured, "ids": prompts_ids}))
 
 
 def by_gate(results):
@@ -287,6 +289,8 @@ def test_every_gate_passes_against_a_correct_server(serve, tmp_path):
     s = serve()
     opts = options(s.url, tmp_path)
     write_reference(opts, {"a": golden_ids("one two three", 8), "b": golden_ids("four five", 4)})
+    write_reference(opts, {"a": golden_ids("one two three", 8), "b": golden_ids("four five", 4)}, gates.REFERENCE_FP8_IDS,
+                    model="zai-org/GLM-5.3-Flash")
     (opts.sinkhorn_dir / "gate.py").write_text("print('bit-identical 1..1024 rows')\n")
     device_gate(
         opts, "fixes/needs-server",
@@ -296,9 +300,10 @@ def test_every_gate_passes_against_a_correct_server(serve, tmp_path):
     )
     results = gates.run_gates(opts)
     r = by_gate(results)
-    assert [x.gate for x in results] == ["golden", "needles", "tools", "images", "decode", "prefill", "sinkhorn", "fix:needs-server"]
+    assert [x.gate for x in results] == ["golden", "fp8", "needles", "tools", "images", "decode", "prefill", "sinkhorn",
+                                         "fix:needs-server"]
     assert {x.gate: x.result for x in results} == {x.gate: "pass" for x in results}
-    assert r["golden"].figures == "2/2 identical"
+    assert r["golden"].figures == "2/2 identical" and r["fp8"].figures == "2/2 identical"
     assert r["needles"].figures.startswith("6/6 at ")
     assert r["tools"].figures == "8/8"
     assert set(r["tools"].details) >= {"single, streamed", "parallel, not streamed", "no call, streamed", "multi-turn"}
@@ -340,6 +345,31 @@ def test_golden_names_the_first_differing_token(serve, tmp_path):
     (r,) = gates.run_gates(opts)
     assert (r.result, r.figures) == ("fail", "1/2 identical")
     assert r.details["differences"]["a"].startswith(f"first difference at token 3 (got {ref[3]}, reference 999)")
+
+
+def test_fp8_gate_is_not_measured_without_its_reference_or_on_another_model(serve, tmp_path):
+    s = serve()
+    rec = tmp_path / "fp8.json"
+    opts = options(s.url, tmp_path, only="fp8", record_fp8=rec)
+    write_reference(opts, {"a": [1], "b": [2]})  # the BF16 golden ids are not the FP8 gate's reference
+    (r,) = gates.run_gates(opts)
+    assert (r.gate, r.result) == ("fp8", "not measured") and "reference_fp8_ids.json" in r.figures
+    assert json.loads(rec.read_text())["ids"]["a"] == golden_ids("one two three", 8)
+    ids = {"a": golden_ids("one two three", 8), "b": golden_ids("four five", 4)}
+    write_reference(opts, ids, gates.REFERENCE_FP8_IDS, model="zai-org/GLM-5.3-BF16")
+    (r,) = gates.run_gates(opts)
+    assert r.result == "not measured" and "measured on 'zai-org/GLM-5.3-BF16'" in r.figures
+
+
+def test_fp8_gate_names_the_first_differing_token(serve, tmp_path):
+    s = serve()
+    opts = options(s.url, tmp_path, only="fp8")
+    ref = golden_ids("four five", 4)
+    write_reference(opts, {"a": golden_ids("one two three", 8), "b": ref[:1] + [7] + ref[2:]}, gates.REFERENCE_FP8_IDS,
+                    model="zai-org/GLM-5.3-Flash")
+    (r,) = gates.run_gates(opts)
+    assert (r.gate, r.result, r.figures) == ("fp8", "fail", "1/2 identical")
+    assert r.details["differences"]["b"].startswith(f"first difference at token 1 (got {ref[1]}, reference 7)")
 
 
 def test_a_server_without_token_ids_is_an_error_not_a_pass(serve, tmp_path):

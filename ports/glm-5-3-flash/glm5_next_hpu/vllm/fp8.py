@@ -12,7 +12,9 @@ bits as transformers' for the same dtype (tested).
 
 This module holds no vLLM import: the spec, the (de)quantization and :class:`Fp8Pairing`, which
 the plugin's loader runs over the checkpoint stream to hand each FP8 weight, paired with its
-scale, dequantized to the parameter's dtype (the CPU reference path).
+scale, either dequantized to the parameter's dtype (the CPU reference path, and on every path the
+layers that stay in the model dtype) or as the raw e4m3 bytes and fp32 scale for a parameter that
+vLLM's FP8 linear method created (the HPU path).
 """
 
 from __future__ import annotations
@@ -84,11 +86,8 @@ def scale_grid(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int
     return (-(-rows // block[0]), -(-cols // block[1]))
 
 
-def dequantize_block_fp8(
-    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype, key: str = "weight"
-) -> torch.Tensor:
-    """``(weight.float() * scale_inv.float() per block).to(dtype)``; a partial edge block uses its
-    block's scale (the grid is rounded up, as DeepSeek-V3 checkpoints and vLLM's block scales are)."""
+def check_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], key: str = "weight") -> None:
+    """Refuse, naming the key, a weight that is not 2-D e4m3 or a scale that is not fp32 on its block grid."""
     if weight.dtype != FP8_DTYPE:
         raise Fp8CheckpointError(f"{key}: dtype {weight.dtype}, expected {FP8_DTYPE}")
     if weight.dim() != 2:
@@ -101,6 +100,14 @@ def dequantize_block_fp8(
             f"{key}{SCALE_SUFFIX}: shape {tuple(scale_inv.shape)} does not match the block grid {grid} of "
             f"weight {tuple(weight.shape)} with weight_block_size {list(block)}"
         )
+
+
+def dequantize_block_fp8(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype, key: str = "weight"
+) -> torch.Tensor:
+    """``(weight.float() * scale_inv.float() per block).to(dtype)``; a partial edge block uses its
+    block's scale (the grid is rounded up, as DeepSeek-V3 checkpoints and vLLM's block scales are)."""
+    check_block_fp8(weight, scale_inv, block, key)
     rows, cols = weight.shape
     s = scale_inv.repeat_interleave(block[0], dim=0)[:rows].repeat_interleave(block[1], dim=1)[:, :cols]
     return (weight.to(torch.float32) * s).to(dtype)
@@ -122,15 +129,17 @@ def quantize_block_fp8(weight: torch.Tensor, block: tuple[int, int]) -> tuple[to
 
 class Fp8Pairing:
     """Pairs each FP8 ``<module>.weight`` with its ``<module>.weight_scale_inv`` in a checkpoint
-    stream (either order, across files) and emits the pair as one dequantized tensor under the
-    weight's key. Every other tensor passes through unchanged. Refused, naming the key: an FP8
+    stream (either order, across files) and emits the pair either as one dequantized tensor under
+    the weight's key or, when the weight's parameter is itself FP8 (vLLM's FP8 linear method made
+    it), as the two raw tensors, weight then scale, checked and unchanged. Every other tensor passes
+    through unchanged. Refused, naming the key: an FP8
     tensor that is not a 2-D ``.weight``, or whose module is in modules_to_not_convert; a scale
     that arrives twice, or whose shape is not the weight's block grid; and, at :meth:`finish`, an
     FP8 weight without its scale or a scale without an FP8 weight. With ``spec=None`` (no
     quantization_config) any FP8 tensor or scale is refused.
 
-    ``dtype_for(key)`` is the dtype of the parameter the weight lands in (the model dtype): the
-    product is rounded once, from fp32 to it."""
+    ``dtype_for(key)`` is the dtype of the parameter the weight lands in: the model dtype (the
+    product is rounded once, from fp32 to it) or ``FP8_DTYPE`` (the bytes and the scale are kept)."""
 
     def __init__(self, spec: BlockFp8Spec | None, dtype_for: Callable[[str], torch.dtype]):
         self.spec = spec
@@ -139,6 +148,7 @@ class Fp8Pairing:
         self.scales: dict[str, torch.Tensor] = {}
         self.seen_scales: set[str] = set()
         self.dequantized: list[str] = []  # weight keys, in the order they were emitted
+        self.raw: list[str] = []  # weight keys emitted as FP8 bytes with their scale
 
     def _no_spec(self, key: str, what: str):
         raise Fp8CheckpointError(
@@ -154,7 +164,7 @@ class Fp8Pairing:
             self.seen_scales.add(key)
             wkey = key[: -len(SCALE_SUFFIX)]
             if wkey in self.weights:
-                return [self._pair(wkey, self.weights.pop(wkey), tensor)]
+                return self._pair(wkey, self.weights.pop(wkey), tensor)
             self.scales[wkey] = tensor
             return []
         if tensor.dtype == FP8_DTYPE:
@@ -168,16 +178,21 @@ class Fp8Pairing:
             if key in self.weights:
                 raise Fp8CheckpointError(f"{key}: appears twice in the checkpoint stream")
             if key in self.scales:
-                return [self._pair(key, tensor, self.scales.pop(key))]
+                return self._pair(key, tensor, self.scales.pop(key))
             self.weights[key] = tensor
             return []
         return [(key, tensor)]
 
-    def _pair(self, key: str, weight: torch.Tensor, scale_inv: torch.Tensor) -> tuple[str, torch.Tensor]:
+    def _pair(self, key: str, weight: torch.Tensor, scale_inv: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         assert self.spec is not None
-        out = dequantize_block_fp8(weight, scale_inv, self.spec.block, self.dtype_for(key), key)
+        dtype = self.dtype_for(key)
+        if dtype == FP8_DTYPE:
+            check_block_fp8(weight, scale_inv, self.spec.block, key)
+            self.raw.append(key)
+            return [(key, weight), (key + SCALE_SUFFIX, scale_inv)]
+        out = dequantize_block_fp8(weight, scale_inv, self.spec.block, dtype, key)
         self.dequantized.append(key)
-        return key, out
+        return [(key, out)]
 
     def finish(self) -> None:
         problems = [f"{k}: FP8 weight without its scale {k}{SCALE_SUFFIX}" for k in sorted(self.weights)]

@@ -13,8 +13,10 @@ plugin's :class:`Glm5NextFp8ReferenceConfig` takes over through vLLM's
 (parameters in the model dtype) and the plugin's loader dequantizes each FP8 weight with its block
 scale at load (``fp8.py``). That is a reference path -- BF16/fp32 compute on dequantized weights,
 no FP8 GEMM -- and is logged as such. On other platforms (HPU) it does not claim the checkpoint;
-vLLM's own ``Fp8Config`` is built, and the model refuses it at construction (loading FP8 bytes into
-vLLM's FP8 linear / MoE methods is not built in the plugin).
+vLLM's own ``Fp8Config`` is built and reaches the model's projections (``layer_quant_config``):
+vLLM's FP8 linear method (vllm-gaudi's on HPU) makes their FP8 weights and block scales, which the
+loader fills with the checkpoint's bytes. The routed experts stay the port's loop in the model
+dtype there too, their FP8 weights dequantized at load (vLLM's FP8 MoE drops the SwiGLU clamp).
 """
 
 from __future__ import annotations
@@ -97,18 +99,44 @@ def register() -> None:
         register_quantization_config(NAME)(Glm5NextFp8ReferenceConfig)
 
 
+def _is_vllm_fp8(quant_config) -> bool:
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    return isinstance(quant_config, Fp8Config)
+
+
 def checkpoint_fp8_spec(quant_config) -> BlockFp8Spec | None:
-    """What the model's loader needs from vLLM's quant config: the block-FP8 spec on the reference
-    path, None for an unquantized checkpoint. Any other quant config (vLLM's own ``Fp8Config`` on
-    HPU included) is refused at construction rather than loaded wrongly."""
+    """What the model's loader needs from vLLM's quant config: the block-FP8 spec (the reference
+    path's own, or read from vLLM's ``Fp8Config`` -- the HPU path), None for an unquantized
+    checkpoint. Any other quant config, and an ``Fp8Config`` that is not block FP8 from an FP8
+    checkpoint with dynamic activations, is refused at construction rather than loaded wrongly."""
     from ..config import UnsupportedConfigError
 
     if quant_config is None:
         return None
     if isinstance(quant_config, Glm5NextFp8ReferenceConfig):
         return quant_config.spec
+    if _is_vllm_fp8(quant_config):
+        qc = quant_config
+        if not qc.is_checkpoint_fp8_serialized or qc.weight_block_size is None or qc.activation_scheme != "dynamic":
+            raise UnsupportedConfigError(
+                f"fp8 quantization: checkpoint serialized in FP8 {qc.is_checkpoint_fp8_serialized}, weight_block_size "
+                f"{qc.weight_block_size}, activation_scheme {qc.activation_scheme!r}; only block-FP8 checkpoints with "
+                "dynamic activations (the published GLM-5.3-Flash FP8) are served"
+            )
+        return BlockFp8Spec.from_quantization_config(
+            {"quant_method": "fp8", "weight_block_size": list(qc.weight_block_size),
+             "modules_to_not_convert": list(qc.ignored_layers)},
+            source="vLLM Fp8Config",
+        )
     raise UnsupportedConfigError(
-        f"quantization {quant_config.get_name()!r}: the plugin's layers do not take vLLM's quantized methods yet; "
-        "a block-FP8 checkpoint is served only on CPU, dequantized at load (the reference path). Loading FP8 weights "
-        "into vLLM's FP8 linear/MoE methods (the HPU path) is not built"
+        f"quantization {quant_config.get_name()!r}: the plugin serves unquantized and block-FP8 checkpoints only"
     )
+
+
+def layer_quant_config(quant_config):
+    """The config the model's projections are built with: vLLM's ``Fp8Config`` (its FP8 linear
+    method makes their parameters), or None -- an unquantized checkpoint, and the reference path,
+    whose layers stay in the model dtype and get their weights dequantized at load."""
+    checkpoint_fp8_spec(quant_config)  # refuses what is not served
+    return quant_config if quant_config is not None and _is_vllm_fp8(quant_config) else None

@@ -24,12 +24,19 @@ Sharding rules travel on the parameters (set by the model at construction):
   in ``other_rank_keys`` (loaded there), not loaded here and not counted as skipped.
 
 Block-FP8 checkpoints (``fp8=BlockFp8Spec``; ``fp8.py``): each FP8 ``<module>.weight`` is paired
-with its ``<module>.weight_scale_inv`` and dequantized to the parameter's dtype *before* the
-region logic above, so the byte count checks the dequantized weight like any other; the pairing
-refuses, naming the key, an unpaired weight or scale, a scale off the block grid, a duplicate, and
-an FP8 tensor of a module in modules_to_not_convert. This is the CPU reference path: a parameter
-that is itself FP8 (vLLM's FP8 method kept it FP8) is refused here -- loading raw FP8 bytes and
-their scales into vLLM's FP8 parameters is not built.
+with its ``<module>.weight_scale_inv`` *before* the region logic above; the pairing refuses, naming
+the key, an unpaired weight or scale, a scale off the block grid, a duplicate, and an FP8 tensor of
+a module in modules_to_not_convert. What the pair becomes depends on the weight's parameter:
+
+* a parameter in the model dtype (the CPU reference path; on every path the routed experts, the
+  indexer and the HPU MLA's fused q_a/kv_a projection): the weight is dequantized with its scale,
+  and the byte count checks the dequantized weight like any other;
+* an FP8 parameter (vLLM's FP8 linear method created it, with its ``weight_scale_inv`` beside it):
+  the e4m3 weight and the fp32 scale are both loaded as they are, each narrowed to the rank's
+  region (the scale's block rows or columns with the weight's rows or columns) and counted like
+  any other parameter, so each byte of either lands exactly once. They go through the parameter's
+  ``weight_loader`` (the layer's copy, which vllm-gaudi wraps on Gaudi2 to rescale e4m3fn for its
+  smaller FP8 range). A non-FP8 tensor for an FP8 parameter is refused.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class LoadReport:
     loaded_params: set[str] = field(default_factory=set)
     elements: int = 0
     fp8_dequantized: list[str] = field(default_factory=list)  # FP8 weight keys, each with its scale consumed
+    fp8_raw: list[str] = field(default_factory=list)  # FP8 weight keys loaded as FP8, each with its scale
     other_rank_keys: list[str] = field(default_factory=list)  # experts placed on another EP rank
 
 
@@ -129,6 +137,7 @@ def load_checkpoint(
             _load_one(key, tensor, params, fused_owner, written, report, num_hidden_layers, tp_rank, tp_size, skip, rename)
     pairing.finish()
     report.fp8_dequantized = list(pairing.dequantized)
+    report.fp8_raw = list(pairing.raw)
     missing_params = [n for n, p in params.items() if written[n] != p.numel()]
     if missing_params:
         lines = []
@@ -148,21 +157,15 @@ def _param_name(key, target, params, fused_owner, rename) -> str:
 
 
 def _fp8_dest_dtype(key, params, fused_owner, num_hidden_layers, skip, rename) -> torch.dtype:
-    """The dtype an FP8 weight is dequantized to: its parameter's. An FP8 parameter (vLLM's FP8
-    method) would need the raw bytes and the scale, which this loader does not load."""
+    """The dtype of the parameter an FP8 weight lands in: the dtype it is dequantized to, or FP8
+    (vLLM's FP8 method), and then the bytes and the scale are loaded as they are."""
     target = map_checkpoint_key(key, num_hidden_layers)
     if target is None or (skip is not None and skip(key)):
         return torch.float32  # a skipped key (MTP, vision off): paired and checked, then reported skipped
     pname = _param_name(key, target, params, fused_owner, rename)
     if pname not in params:
         raise CheckpointLoadError(f"{key}: no parameter {pname!r} in the model (unknown checkpoint key)")
-    dtype = params[pname].dtype
-    if dtype == FP8_DTYPE:
-        raise CheckpointLoadError(
-            f"{key}: parameter {pname} is {FP8_DTYPE} (vLLM's FP8 method); loading raw FP8 weights and their "
-            "block scales into it is not built -- only the dequantizing reference path is"
-        )
-    return dtype
+    return params[pname].dtype
 
 
 def _load_one(key, tensor, params, fused_owner, written, report, num_hidden_layers, tp_rank, tp_size, skip, rename) -> None:
@@ -202,7 +205,16 @@ def _load_one(key, tensor, params, fused_owner, written, report, num_hidden_laye
             f"{key}: checkpoint shape {tuple(tensor.shape)} (as loaded {tuple(src.shape)}) != "
             f"parameter {pname} region {tuple(dest.shape)}"
         )
-    dest.copy_(src)
+    if (dest.dtype == FP8_DTYPE) != (src.dtype == FP8_DTYPE):
+        raise CheckpointLoadError(
+            f"{key}: checkpoint dtype {src.dtype} into parameter {pname} of dtype {dest.dtype}; an FP8 parameter "
+            "(vLLM's FP8 method) takes only the checkpoint's FP8 bytes (is the module missing from "
+            "quantization_config.modules_to_not_convert?)"
+        )
+    if getattr(param, "glm5_weight_loader", False):
+        param.weight_loader(param, src, dest)
+    else:
+        dest.copy_(src)
     written[pname] += dest.numel()
     if written[pname] > param.numel():
         raise CheckpointLoadError(f"{key}: {pname} written {written[pname]} elements, it holds {param.numel()}")

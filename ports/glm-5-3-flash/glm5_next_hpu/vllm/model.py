@@ -35,8 +35,13 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
   embedding lookup and all-gathered logits; KDA and MLA heads, the KDA conv weights, dt_bias,
   A_log and the per-rank KDA state (``kda_state_shape`` with the TP size) split by head; routed
   experts whole per rank with ``enable_expert_parallel``, else split on the intermediate dim.
-  Router, mHC, norms and the (skipped) indexer are replicated. The layers take no
-  ``quant_config``: the port's own nn.Linear, not vLLM's linear methods.
+  Router, mHC, norms and the (skipped) indexer are replicated.
+* **Block FP8**: on CPU the reference config (``fp8_config.py``): layers in the model dtype, FP8
+  weights dequantized at load. With vLLM's ``Fp8Config`` (HPU) the MLA projections, the dense MLP
+  and the shared expert are built by ``parallel.make_linear`` as vLLM linear layers with the
+  config's method (``Fp8LinearMethod``: e4m3 weights and block scales, loaded as they are); the
+  KDA projections (BF16 in the release), the HPU path's fused q_a/kv_a projection, the indexer and
+  the routed experts (the SwiGLU clamp) stay in the model dtype, their FP8 weights dequantized.
 * ``is_hybrid`` / ``has_inner_state`` set: without ``is_hybrid`` vLLM allocates no mamba state
   and every KDA layer is silently skipped; the mamba-state classmethods describe the KDA state.
 """
@@ -75,7 +80,7 @@ from ..layers.mla import Indexer
 from ..layers.norm import RMSNorm
 from ..layers.vision import VisionModel
 from ..switches import read_switches
-from .fp8_config import checkpoint_fp8_spec
+from .fp8_config import checkpoint_fp8_spec, layer_quant_config
 from .loader import load_checkpoint
 from .multimodal import (
     Glm5NextDummyInputsBuilder,
@@ -83,7 +88,7 @@ from .multimodal import (
     Glm5NextMultiModalProcessor,
     Glm5NextProcessingInfo,
 )
-from .parallel import ColumnLinear, LMHead, Parallel, RowLinear, VocabEmbedding, decoder_mlp, divide, from_vllm
+from .parallel import ColumnLinear, LMHead, Parallel, RowLinear, VocabEmbedding, decoder_mlp, divide, from_vllm, make_linear
 
 logger = logging.getLogger(__name__)
 
@@ -274,13 +279,19 @@ class Glm5NextMLA(nn.Module):
         self.q_lora_rank, self.kv_lora_rank = config.q_lora_rank, config.kv_lora_rank
         self.expanded = current_platform.is_cpu()
         bias = config.attention_bias
+        quant = layer_quant_config(vllm_config.quant_config)  # vLLM's Fp8Config, or None (see fp8_config)
+        # The checkpoint has no KV-cache scales: vLLM's FP8 KV-cache method stays off the attention.
+        attn_quant = vllm_config.quant_config if quant is None else None
         self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
-        self.q_b_proj = ColumnLinear(config.q_lora_rank, H_all * self.nope, par, "num_attention_heads * qk_nope_head_dim")
+        self.q_b_proj = make_linear("column", config.q_lora_rank, H_all * self.nope, par,
+                                    "num_attention_heads * qk_nope_head_dim", quant_config=quant, prefix=f"{prefix}.q_b_proj")
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, config.rms_norm_eps)
-        self.kv_b_proj = ColumnLinear(
-            config.kv_lora_rank, H_all * (self.nope + self.v_dim), par, "num_attention_heads * (qk_nope_head_dim + v_head_dim)"
+        self.kv_b_proj = make_linear(
+            "column", config.kv_lora_rank, H_all * (self.nope + self.v_dim), par,
+            "num_attention_heads * (qk_nope_head_dim + v_head_dim)", quant_config=quant, prefix=f"{prefix}.kv_b_proj",
         )
-        self.o_proj = RowLinear(H_all * self.v_dim, D, par, "num_attention_heads * v_head_dim", bias=bias)
+        self.o_proj = make_linear("row", H_all * self.v_dim, D, par, "num_attention_heads * v_head_dim", bias=bias,
+                                  quant_config=quant, prefix=f"{prefix}.o_proj")
         self.indexer = Indexer(config)  # loaded, skipped (dense == DSA up to index_topk + kpool - 1 keys)
         if self.expanded:
             if self.nope not in CPU_ATTENTION_HEAD_SIZES:
@@ -289,20 +300,25 @@ class Glm5NextMLA(nn.Module):
                 )
             if self.v_dim != self.nope:
                 raise UnsupportedConfigError(f"expanded MLA needs v_head_dim == qk_nope_head_dim, got {self.v_dim} / {self.nope}")
-            self.q_a_proj = nn.Linear(D, config.q_lora_rank, bias=bias)
-            self.kv_a_proj_with_mqa = nn.Linear(D, config.kv_lora_rank, bias=bias)
+            self.q_a_proj = make_linear("replicated", D, config.q_lora_rank, par, "q_lora_rank", bias=bias,
+                                        quant_config=quant, prefix=f"{prefix}.q_a_proj")
+            self.kv_a_proj_with_mqa = make_linear("replicated", D, config.kv_lora_rank, par, "kv_lora_rank", bias=bias,
+                                                  quant_config=quant, prefix=f"{prefix}.kv_a_proj_with_mqa")
             self.attn = Attention(
                 num_heads=H,  # this rank's heads
                 head_size=self.nope,
                 scale=self.nope**-0.5,
                 num_kv_heads=H,
                 cache_config=vllm_config.cache_config,
-                quant_config=vllm_config.quant_config,
+                quant_config=attn_quant,
                 prefix=f"{prefix}.attn",
             )
         else:  # HPU: the latent (MLA) cache through vLLM's wrapper. Not exercised on CPU.
             from vllm.model_executor.layers.mla import MLAModules, MultiHeadLatentAttentionWrapper
 
+            # The fused q_a/kv_a projection stays in the model dtype (an FP8 checkpoint's two weights are
+            # dequantized into it at load): loading two weights and two scales into one FP8 parameter
+            # pair (the second half's block rows offset) is not built.
             self.fused_qkv_a_proj = _FusedQkvA(D, config.q_lora_rank, config.kv_lora_rank)
             modules = MLAModules(
                 kv_a_layernorm=self.kv_a_layernorm, kv_b_proj=_TupleOut(self.kv_b_proj), rotary_emb=None,
@@ -312,7 +328,7 @@ class Glm5NextMLA(nn.Module):
             )
             self.mla_attn = MultiHeadLatentAttentionWrapper(  # H: this rank's heads, as DeepSeek-V2 passes
                 D, H, self.nope**-0.5, self.nope, 0, self.v_dim, config.q_lora_rank, config.kv_lora_rank,
-                modules, vllm_config.cache_config, vllm_config.quant_config, prefix,
+                modules, vllm_config.cache_config, attn_quant, prefix,
             )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -364,7 +380,7 @@ class Glm5NextDecoderLayer(nn.Module):
             self.self_attn = Glm5NextKDA(config, vllm_config, attn_prefix, use_scan=switches.kda_scan, par=par)
         else:
             self.self_attn = Glm5NextMLA(config, vllm_config, attn_prefix, par=par)
-        self.mlp = decoder_mlp(config, layer_idx, par)
+        self.mlp = decoder_mlp(config, layer_idx, par, layer_quant_config(vllm_config.quant_config), f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         add_mhc_parameters(self, config, requires_grad=False)
@@ -455,7 +471,8 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         self.par = from_vllm(vllm_config)
         validate_config(text, tp_size=self.par.size, prefix_caching=prefix_caching, expert_parallel=self.par.expert_parallel)
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
-        self.fp8_spec = checkpoint_fp8_spec(vllm_config.quant_config)  # block-FP8: dequantized at load (CPU)
+        # Block FP8: the reference path's spec (CPU) or vLLM's Fp8Config's (HPU); see fp8_config.
+        self.fp8_spec = checkpoint_fp8_spec(vllm_config.quant_config)
         if self.switches.mhc_sinkhorn == "kernel" and current_platform.is_cpu():
             logger.info("GLM5_NEXT_MHC_SINKHORN=kernel on CPU: the TPC kernel's operation order, emulated in PyTorch")
         self.config = hf

@@ -21,6 +21,12 @@ communication where vLLM's layers put it:
 
 ``Parallel.reduce`` / ``gather`` default to vLLM's TP-group collectives; the unit tests pass
 their own to run two ranks in one process.
+
+``make_linear`` builds the projections: with no quantization config (a BF16 checkpoint, and the
+CPU reference path for block FP8, which dequantizes at load) the plain layers above; with one of
+vLLM's own configs (``Fp8Config`` on HPU) a ``quant_linear.Glm5NextQuantLinear``, the same split,
+whose parameters and GEMM are the config's method for that module's ``prefix``. The routed experts
+stay the port's loop in the model dtype either way (the clamp; see ``ParallelExperts``).
 """
 
 from __future__ import annotations
@@ -104,6 +110,27 @@ class ColumnLinear(nn.Linear):
             _mark(self.bias, 0)
 
 
+def make_linear(
+    kind: str, in_features: int, out_features: int, par: Parallel, what: str, *, bias: bool = False,
+    reduce: bool = True, quant_config=None, prefix: str = "",
+) -> nn.Module:
+    """A ``column``, ``row`` or ``replicated`` projection named ``prefix`` (the checkpoint's module
+    name, which the quantization config matches against modules_to_not_convert)."""
+    if quant_config is not None:
+        from .quant_linear import Glm5NextQuantLinear
+
+        return Glm5NextQuantLinear(
+            kind, in_features, out_features, par, what, bias=bias, reduce=reduce, quant_config=quant_config, prefix=prefix
+        )
+    if kind == "column":
+        return ColumnLinear(in_features, out_features, par, what, bias=bias)
+    if kind == "row":
+        return RowLinear(in_features, out_features, par, what, bias=bias, reduce=reduce)
+    if kind == "replicated":
+        return nn.Linear(in_features, out_features, bias=bias)
+    raise ValueError(f"{prefix}: linear kind {kind!r}, expected column, row or replicated")
+
+
 class RowLinear(nn.Linear):
     """y = all_reduce(x_r W_r^T (+ b on rank 0)) (vLLM's RowParallelLinear)."""
 
@@ -148,11 +175,12 @@ class ParallelMLP(nn.Module):
     """SwiGLU with the clamp; gate/up column-parallel, down row-parallel (dense MLP, shared expert)."""
 
     def __init__(self, hidden: int, intermediate: int, limit: float, par: Parallel, reduce: bool = True,
-                 what: str = "intermediate_size"):
+                 what: str = "intermediate_size", quant_config=None, prefix: str = ""):
         super().__init__()
-        self.gate_proj = ColumnLinear(hidden, intermediate, par, what)
-        self.up_proj = ColumnLinear(hidden, intermediate, par, what)
-        self.down_proj = RowLinear(intermediate, hidden, par, what, reduce=reduce)
+        q = dict(quant_config=quant_config)
+        self.gate_proj = make_linear("column", hidden, intermediate, par, what, prefix=f"{prefix}.gate_proj", **q)
+        self.up_proj = make_linear("column", hidden, intermediate, par, what, prefix=f"{prefix}.up_proj", **q)
+        self.down_proj = make_linear("row", intermediate, hidden, par, what, reduce=reduce, prefix=f"{prefix}.down_proj", **q)
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -195,14 +223,17 @@ class ParallelExperts(nn.Module):
 
 
 class ParallelMoE(nn.Module):
-    def __init__(self, config, par: Parallel):
+    def __init__(self, config, par: Parallel, quant_config=None, prefix: str = ""):
         super().__init__()
         self.par = par
         self.gate = Router(config)  # replicated: fp32 routing, identical on every rank
+        # The routed experts are the port's loop in the model dtype on every path (an FP8 checkpoint's
+        # experts are dequantized at load): vLLM's FP8 MoE methods drop the SwiGLU clamp.
         self.experts = ParallelExperts(config, par)
         self.shared_experts = ParallelMLP(
             config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.swiglu_limit, par,
-            reduce=False, what="moe_intermediate_size * n_shared_experts",
+            reduce=False, what="moe_intermediate_size * n_shared_experts", quant_config=quant_config,
+            prefix=f"{prefix}.shared_experts",
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -212,7 +243,9 @@ class ParallelMoE(nn.Module):
         return self.par.all_reduce(self.experts(flat, weights, ids).view_as(x) + self.shared_experts(x))
 
 
-def decoder_mlp(config, layer_idx: int, par: Parallel) -> nn.Module:
+def decoder_mlp(config, layer_idx: int, par: Parallel, quant_config=None, prefix: str = "") -> nn.Module:
+    """``prefix``: the MLP's module name (``model.language_model.layers.<i>.mlp``)."""
     if config.mlp_layer_types[layer_idx] == "sparse":
-        return ParallelMoE(config, par)
-    return ParallelMLP(config.hidden_size, config.intermediate_size, config.swiglu_limit, par)
+        return ParallelMoE(config, par, quant_config, prefix)
+    return ParallelMLP(config.hidden_size, config.intermediate_size, config.swiglu_limit, par,
+                       quant_config=quant_config, prefix=prefix)

@@ -151,7 +151,7 @@ def test_reference_config_claims_only_glm5_next_fp8_on_cpu_and_other_configs_are
 
     from glm5_next_hpu.config import UnsupportedConfigError
     from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
-    from glm5_next_hpu.vllm.fp8_config import NAME, Glm5NextFp8ReferenceConfig, checkpoint_fp8_spec
+    from glm5_next_hpu.vllm.fp8_config import NAME, Glm5NextFp8ReferenceConfig, checkpoint_fp8_spec, layer_quant_config
 
     QC = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
           "modules_to_not_convert": ["lm_head"]}
@@ -165,9 +165,18 @@ def test_reference_config_claims_only_glm5_next_fp8_on_cpu_and_other_configs_are
     cfg = Glm5NextFp8ReferenceConfig.from_config(QC)
     assert checkpoint_fp8_spec(cfg) == SPEC and checkpoint_fp8_spec(None) is None
     assert torch.float32 in cfg.get_supported_act_dtypes()
-    # vLLM's own Fp8Config (what HPU builds): the plugin's layers cannot take its FP8 methods yet.
-    with pytest.raises(UnsupportedConfigError, match="not built"):
-        checkpoint_fp8_spec(Fp8Config.from_config(QC))
+    # The reference path's layers stay in the model dtype: no config reaches them.
+    assert layer_quant_config(cfg) is None and layer_quant_config(None) is None
+    # vLLM's own Fp8Config (what HPU builds): the same spec for the loader, and the config itself
+    # reaches the layers (its FP8 linear method: test_vllm_fp8_methods.py).
+    vllm_fp8 = Fp8Config.from_config(QC)
+    assert checkpoint_fp8_spec(vllm_fp8) == SPEC and layer_quant_config(vllm_fp8) is vllm_fp8
+    per_tensor = Fp8Config.from_config({k: v for k, v in QC.items() if k != "weight_block_size"})
+    with pytest.raises(UnsupportedConfigError, match=r"weight_block_size None.*only block-FP8"):
+        checkpoint_fp8_spec(per_tensor)
+    online = Fp8Config.from_config({"quant_method": "dynamic", "activation_scheme": "dynamic"})  # quantized by vLLM at load
+    with pytest.raises(UnsupportedConfigError, match="checkpoint serialized in FP8 False"):
+        layer_quant_config(online)
     assert torch.float32 not in Fp8Config.get_supported_act_dtypes()  # why fp32 runs need the reference config
 
 

@@ -9,6 +9,7 @@ from .decode import gate_decode, timed_completion
 from .documents import filler_sentences, kilo, sized_document
 from .driver import ALL_GATES, GATES, SERVER_GATES, build_parser, main, run_gates
 from .fixes import device_gates, gate_fix_scripts
+from .fp8 import REFERENCE_FP8_IDS, gate_fp8
 from .golden import completion_ids, gate_golden, load_golden
 from .images import COLOURS, QUADRANTS, gate_images, image_cases, judge_image, quadrants, solid, squares
 from .needles import DOORS, gate_needles, needle_code, needle_sentence

@@ -6,6 +6,10 @@ Gates, in the order they run:
   golden    greedy prompts (golden/prompts.json) against token ids measured on a card
             (golden/reference_ids.json). Without that file the gate is "not measured";
             --record-golden PATH writes the ids this server gives, for a person to review.
+  fp8       the block-FP8 checkpoint's forward (vLLM's FP8 linear method on the card): the
+            golden prompts against golden/reference_fp8_ids.json, measured on a card from the
+            FP8 checkpoint; "not measured" without it or when the server serves another model;
+            --record-fp8 PATH writes the ids.
   needles   three codes at 10, 50 and 90 % depth of a filler document, one question each,
             at every --needle-lengths (tokens, counted by the server's /tokenize)
   tools     single, parallel and no call, each streamed and not; multi-turn; a call after a
@@ -38,6 +42,7 @@ from pathlib import Path
 from .client import Client, GateError, Result, table
 from .decode import gate_decode
 from .fixes import gate_fix_scripts
+from .fp8 import gate_fp8
 from .golden import gate_golden
 from .images import gate_images
 from .needles import gate_needles
@@ -51,11 +56,12 @@ PACK_ROOT = PORT_DIR.parents[1]
 GOLDEN_DIR = HERE / "golden"
 SINKHORN_DIR = PORT_DIR / "kernels" / "sinkhorn"
 
-ALL_GATES = ["golden", "needles", "tools", "images", "decode", "prefill", "sinkhorn", "fixes"]
+ALL_GATES = ["golden", "fp8", "needles", "tools", "images", "decode", "prefill", "sinkhorn", "fixes"]
 
 
 GATES = {
     "golden": gate_golden,
+    "fp8": gate_fp8,
     "needles": gate_needles,
     "tools": gate_tools,
     "images": gate_images,
@@ -63,7 +69,7 @@ GATES = {
     "prefill": gate_prefill,
     "sinkhorn": gate_sinkhorn,
 }
-SERVER_GATES = {"golden", "needles", "tools", "images", "decode", "prefill", "fixes"}
+SERVER_GATES = {"golden", "fp8", "needles", "tools", "images", "decode", "prefill", "fixes"}
 
 
 def ints(text: str) -> list[int]:
@@ -85,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per request")
     p.add_argument("--golden-dir", type=Path, default=GOLDEN_DIR)
     p.add_argument("--record-golden", type=Path, metavar="PATH", help="write the golden token ids this server gives to PATH")
+    p.add_argument("--record-fp8", type=Path, metavar="PATH", help="write the fp8 gate's token ids (an FP8 server) to PATH")
     p.add_argument("--needle-lengths", type=ints, default=ints("16K,63K,127K,239K"))
     p.add_argument("--tool-doc-tokens", type=lambda x: ints(x)[0], default=32768)
     p.add_argument("--answer-tokens", type=int, default=1024, help="max_tokens of each answer (reasoning included)")

@@ -9,15 +9,17 @@ from pathlib import Path
 
 from .client import Client, GateError, Result
 
+REFERENCE_IDS = "reference_ids.json"
 
-def load_golden(golden_dir: Path) -> tuple[list[dict], dict | None]:
-    """prompts.json: [{"id", "prompt", "max_tokens"}]. reference_ids.json (written only from a
-    measurement on a card): {"format": 1, "measured": {...where, when, image...}, "ids": {id: [token ids]}}."""
+
+def load_golden(golden_dir: Path, ids_name: str = REFERENCE_IDS) -> tuple[list[dict], dict | None]:
+    """prompts.json: [{"id", "prompt", "max_tokens"}]. ``ids_name`` (reference_ids.json; written only
+    from a measurement on a card): {"format": 1, "measured": {...where, when, image...}, "ids": {id: [token ids]}}."""
     prompts_path = golden_dir / "prompts.json"
     if not prompts_path.is_file():
         raise GateError(f"{prompts_path} is missing")
     prompts = json.loads(prompts_path.read_text())
-    ids_path = golden_dir / "reference_ids.json"
+    ids_path = golden_dir / ids_name
     if not ids_path.is_file() or not ids_path.read_text().strip():
         return prompts, None
     ref = json.loads(ids_path.read_text())
@@ -42,13 +44,22 @@ def completion_ids(client: Client, prompt: str, max_tokens: int) -> list[int]:
 
 
 def gate_golden(client: Client, opts) -> Result:
-    prompts, ref = load_golden(opts.golden_dir)
+    return golden_against(client, opts, "golden", REFERENCE_IDS, opts.record_golden)
+
+
+def golden_against(client: Client, opts, gate: str, ids_name: str, record_path, same_model: bool = False) -> Result:
+    """The golden prompts, greedy, against ``ids_name``; ``record_path`` writes what this server gave.
+    ``same_model``: a reference measured on another model than the server's is "not measured"."""
+    prompts, ref = load_golden(opts.golden_dir, ids_name)
     got = {p["id"]: completion_ids(client, p["prompt"], int(p.get("max_tokens", 64))) for p in prompts}
-    if opts.record_golden:
-        record = {"format": 1, "measured": {"server": client.base, "model": client.model, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "note": "review before committing as reference_ids.json"}, "ids": got}
-        Path(opts.record_golden).write_text(json.dumps(record, indent=1) + "\n")
+    if record_path:
+        record = {"format": 1, "measured": {"server": client.base, "model": client.model, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "note": f"review before committing as {ids_name}"}, "ids": got}
+        Path(record_path).write_text(json.dumps(record, indent=1) + "\n")
     if ref is None:
-        return Result("golden", "not measured", f"{len(prompts)} prompts run; no reference ids yet ({opts.golden_dir / 'reference_ids.json'})", {"ids": got})
+        return Result(gate, "not measured", f"{len(prompts)} prompts run; no reference ids yet ({opts.golden_dir / ids_name})", {"ids": got})
+    measured_on = (ref.get("measured") or {}).get("model")
+    if same_model and measured_on != client.model:
+        return Result(gate, "not measured", f"the server serves {client.model!r}; {ids_name} was measured on {measured_on!r}", {"ids": got})
     same, diffs = 0, {}
     for p in prompts:
         want = ref["ids"].get(p["id"])
@@ -59,7 +70,7 @@ def gate_golden(client: Client, opts) -> Result:
         if have == want:
             same += 1
             continue
-        pos = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
+        pos = next((i for i, (a, b) in enumerate(zip(have, want, strict=False)) if a != b), min(len(have), len(want)))
         diffs[p["id"]] = f"first difference at token {pos} (got {have[pos] if pos < len(have) else 'end'}, reference {want[pos] if pos < len(want) else 'end'})"
     res = "pass" if same == len(prompts) else "fail"
-    return Result("golden", res, f"{same}/{len(prompts)} identical", {"differences": diffs})
+    return Result(gate, res, f"{same}/{len(prompts)} identical", {"differences": diffs})
