@@ -31,18 +31,13 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+from glm5_mxfp4 import mxfp4, pipeline, st
+from glm5_mxfp4.pipeline import CHUNK, SourceReader, aligned_buffer
+from glm5_mxfp4.source import Source
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = os.path.join(ROOT, "ports", "glm-5-mxfp4")
-
-import numpy as np  # noqa: E402
-from glm5_mxfp4 import (  # noqa: E402
-    mxfp4,
-    pipeline,  # noqa: E402
-    st,
-)
-from glm5_mxfp4.pipeline import CHUNK, SourceReader, aligned_buffer  # noqa: E402
-from glm5_mxfp4.source import Source  # noqa: E402
-
 RELEASE_BYTES = 1.508e12
 HIDDEN, INTER, SHARD = 6144, 2048, 5 * 10**9
 ALT_DEPTH = 2 if pipeline.WRITE_DEPTH == 1 else 1  # the write depth run beside the converter's

@@ -321,3 +321,32 @@ def repo_of(tree: Path, dest: Path, packages: list[str], edit=None) -> str:
     git_run(dest, "add", "-A")
     git_run(dest, "commit", "-q", "-m", "snapshot")
     return git_run(dest, "rev-parse", "HEAD")
+
+
+def stand_in_v030_pack(dev_tree: Path, tmp: Path) -> tuple[Path, dict[str, str]]:
+    """A scratch pack whose v0.30.0 lock pins a stand-in for vllm-gaudi releases/v0.30.0.
+
+    The committed lock pins vllm-gaudi only on its development base (the release commit is not
+    fetchable here), and fixpack refuses an image pinned that way. The stand-in is the
+    development base of ``dev_tree`` plus a file no fix touches, made a git repository, named by
+    the scratch profile and pinned with `fixpack manifest` and `fixpack lock`. Returns the pack
+    and the environment fixpack needs to use it (its own cache, offline)."""
+    from fixpack import sources
+
+    release = repo_of(dev_tree, tmp / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("stand-in\n"))
+    pack = tmp / "cookbook"
+    shutil.copytree(REPO / "profiles", pack / "profiles")
+    shutil.copy2(REPO / "apply_all.py", pack / "apply_all.py")  # apply_all finds its pack by realpath
+    for name in ("fixpack", "fixes", "fixes-v0.30.0", "ports", "recipes"):
+        (pack / name).symlink_to(REPO / name, target_is_directory=True)
+    prof = pack / "profiles" / "v0.30.0.yaml"
+    prof.write_text(prof.read_text().replace("      commit: 058f107\n", f"      commit: {release}\n", 1))
+    cache = tmp / "cache"
+    (cache / "trees").mkdir(parents=True)
+    (cache / "trees" / "wheel-vllm-0.30.0").symlink_to(sources.cache_dir() / "trees" / "wheel-vllm-0.30.0", target_is_directory=True)
+    env = {"FIXPACK_CACHE": str(cache), "FIXPACK_OFFLINE": "1"}
+    for args in (("sources", "add", "vllm-gaudi", str(tmp / "stand-in")), ("manifest", "--profile", "v0.30.0"), ("lock", "--profile", "v0.30.0")):
+        proc = fixpack(*args, pack=None if args[0] == "sources" else pack, env=env, timeout=900)
+        if proc.returncode != 0:
+            raise AssertionError(f"fixpack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return pack, env

@@ -16,14 +16,15 @@ import pytest
 import yaml
 
 from fixpack.main import main
+from testing.recipes import as_in_image, edited, seed_page, write_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
 TEMPLATE_REL = "ports/glm-5-3-flash/serving/chat_template.jinja"
 TEMPLATE = REPO / TEMPLATE_REL
 
-# The serving page's launch block, with apply_all.py at this repository's root and the port named
-# on the start-up check (its patches are part of the pinned selection).
+# The serving page's launch block, its start-up line included (the port is kept from the image
+# build: tests/integration/test_launch_lines.py); a repository path is "$COOKBOOK/...".
 EXPECTED = """\
 export PT_HPU_LAZY_MODE=1
 export VLLM_SKIP_WARMUP=true
@@ -38,7 +39,7 @@ export GLM5_NEXT_MHC_SINKHORN=kernel
 
 # Fixes: the v0.26.0 profile plus this recipe's opt-in fixes, in the pack's order.
 # Stops with a non-zero exit code if the image does not match.
-python3 "$COOKBOOK/apply_all.py" --profile v0.26.0 --port glm-5-3-flash glm47-streaming-text-markers || exit 1
+python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 glm47-streaming-text-markers || exit 1
 
 vllm serve zai-org/GLM-5.3-Flash \\
   --tensor-parallel-size 8 \\
@@ -117,10 +118,7 @@ def recipe_of(root: Path) -> Path:
 
 
 def edit(root: Path, change) -> None:
-    path = recipe_of(root)
-    data = yaml.safe_load(path.read_text())
-    change(data)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    write_recipe(recipe_of(root), edited(recipe_of(root), change))
 
 
 def run(root: Path, *argv) -> int:
@@ -136,6 +134,27 @@ def test_show_renders_the_serving_pages_launch_block(pack, capsys):
 def test_show_with_explicit_recipe_path_renders_the_same(pack, capsys):
     assert main(["recipe", "show", "--recipe", str(RECIPE), "--pack", str(REPO)]) == 0
     assert capsys.readouterr().out == EXPECTED
+
+
+def test_the_rendered_block_is_the_pages_block():
+    """Every line, the start-up line included (the page's own: tests/integration/test_launch_lines.py
+    runs it verbatim in an image the port's install.sh prepared)."""
+    page = seed_page("000")
+    if page is None:
+        pytest.skip("the seeds folder is not beside this checkout")
+    assert as_in_image(EXPECTED) in page.read_text()
+
+
+def test_a_long_start_up_line_takes_its_opt_ins_on_a_continuation_line():
+    from fixpack.recipe import FIXES_WIDTH, fixes_line
+
+    short = fixes_line("v0.26.0", ["a-fix"])
+    assert short == 'python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 a-fix || exit 1'
+    assert fixes_line("v0.26.0", []) == 'python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 || exit 1'
+    names = ["fix-" + "x" * 40, "fix-" + "y" * 40]
+    long = fixes_line("v0.26.0", names)
+    assert long == 'python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 \\\n    ' + " ".join(names) + " || exit 1"
+    assert len(long.replace(" \\\n   ", "")) > FIXES_WIDTH  # one line would be longer than the width
 
 
 def test_rendered_serve_command_parses_back_to_the_recipes_arguments(pack, capsys):

@@ -34,63 +34,30 @@ set -euo pipefail
 
 PORT=glm-5-mxfp4
 PROFILE=v0.30.0
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-COOKBOOK="${COOKBOOK:-$(cd "$HERE/../.." && pwd)}"
-PYTHON="${PYTHON:-python3}"
 MXK="${GLM_MXK:-1}"
 MXK_PREFILL="${GLM_MXK_PREFILL:-1}"
-ROOT=""
-PLUGIN=1
-
-die() { local code=$1; shift; echo "install.sh: $*" >&2; exit "$code"; }
-say() { echo "== $*"; }
-
-while (( $# )); do
-  case "$1" in
-    --root) [[ $# -ge 2 ]] || die 2 "--root needs a folder"; ROOT="$(cd "$2" && pwd)" || die 2 "--root $2: no such folder"; shift 2 ;;
-    --no-plugin) PLUGIN=0; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
-    *) die 2 "unknown argument $1 (see --help)" ;;
-  esac
-done
+# The steps both ports share (HERE, COOKBOOK, PYTHON; die, say, port_args, port_check_cookbook,
+# port_commands, port_check_base, port_pip, port_recheck); the image has the file: its Dockerfile
+# copies the repository.
+# shellcheck source=SCRIPTDIR/../../scripts/port-install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/port-install.sh" \
+  || { echo "install.sh: scripts/port-install.sh is missing: not a complete cookbook checkout" >&2; exit 2; }
+port_args '2,32p' "$@"
 for pair in "GLM_MXK=$MXK" "GLM_MXK_PREFILL=$MXK_PREFILL"; do
   case "${pair#*=}" in 0|1) ;; *) die 2 "$pair: the install takes 1 (kernels, as served) or 0 (reference path)" ;; esac
 done
 
-[[ -f "$COOKBOOK/apply_all.py" && -f "$COOKBOOK/ports/$PORT/port.yaml" ]] \
-  || die 2 "$COOKBOOK is not a complete cookbook checkout (apply_all.py, ports/$PORT/port.yaml)"
-"$PYTHON" -c "import yaml, libcst, unidiff" 2>/dev/null \
-  || die 2 "$PYTHON lacks fixpack's dependencies (pyyaml, libcst, unidiff); run: $PYTHON -m pip install $COOKBOOK"
+port_check_cookbook
 if (( PLUGIN )); then
   [[ -f "$HERE/pyproject.toml" ]] || die 22 "ports/$PORT has no pyproject.toml: the glm5_hpu plugin cannot be installed; nothing was changed"
   grep -q 'vllm.general_plugins' "$HERE/pyproject.toml" \
     || die 22 "ports/$PORT/pyproject.toml declares no vllm.general_plugins entry point for glm5_hpu (the port has no vLLM model to register yet); install with --no-plugin for the patches only. Nothing was changed"
 fi
 
-FP=("$PYTHON" "$COOKBOOK/apply_all.py" --profile "$PROFILE" --port "$PORT" --pack "$COOKBOOK")
-VERIFY=("$PYTHON" -m fixpack verify --profile "$PROFILE" --pack "$COOKBOOK")
-if [[ -n "$ROOT" ]]; then
-  FP+=(--root "$ROOT")
-  VERIFY+=(--root "$ROOT")
-fi
-export PYTHONPATH="$COOKBOOK${PYTHONPATH:+:$PYTHONPATH}"  # fixpack from the cookbook, never another copy
+port_commands
 
 # ---- 1. the base, by content
-say "checking the base (vllm-gaudi and vLLM files against the $PROFILE release)"
-set +e
-"${FP[@]}" --dry-run
-rc=$?
-set -e
-case $rc in
-  0) say "the port selection is already applied" ;;
-  1) : ;;  # pending: the pristine release, as expected
-  *) die "$rc" "the base is not the stock vllm-gaudi $PROFILE release, or this pack cannot pin it (fixpack exit $rc); nothing was changed" ;;
-esac
-set +e
-"${VERIFY[@]}"
-rc=$?
-set -e
-(( rc == 0 )) || die "$rc" "fixpack verify found drift in the base (exit $rc); nothing was changed"
+port_check_base ", or this pack cannot pin it"
 
 # ---- 2. kernels, before any change
 if [[ "$MXK" == 1 || "$MXK_PREFILL" == 1 ]]; then
@@ -105,34 +72,9 @@ say "applying port $PORT on profile $PROFILE"
 # ---- 5. plugin
 if (( PLUGIN )); then
   say "installing the glm5_hpu plugin (with the glm5_mxfp4 converter)"
-  # Built from a copy: setuptools leaves build/ and *.egg-info beside the sources it builds.
-  SRC="$(mktemp -d)"
-  trap 'rm -rf "$SRC"' EXIT
-  cp -r "$HERE/glm5_hpu" "$HERE/glm5_mxfp4" "$SRC/"
-  for f in pyproject.toml setup.py setup.cfg README.md; do [[ -f "$HERE/$f" ]] && cp "$HERE/$f" "$SRC/"; done
-  find "$SRC" -name __pycache__ -prune -exec rm -rf {} +
-  PIP=("$PYTHON" -m pip install --no-deps --disable-pip-version-check -q)
-  if [[ -n "$ROOT" ]]; then
-    "${PIP[@]}" --no-build-isolation --upgrade --target "$ROOT" "$SRC" || die 22 "pip install of the plugin failed"
-  else
-    "${PIP[@]}" "$SRC" || die 22 "pip install of the plugin failed"
-  fi
+  port_pip glm5_hpu glm5_mxfp4
 fi
 
 # ---- 6. everything again
-say "checking the installation"
-"${FP[@]}" || die 23 "the port selection is not at its pins after applying"
-"${VERIFY[@]}" || die 23 "fixpack verify found drift after applying"
-if (( PLUGIN )); then
-  ROOT="$ROOT" "$PYTHON" - <<'PY' || die 23 "the glm5_hpu plugin is not registered"
-import os, sys
-from importlib.metadata import distributions
-root = os.environ.get("ROOT")
-dists = distributions(path=[root]) if root else distributions()
-eps = [ep for d in dists for ep in d.entry_points if ep.group == "vllm.general_plugins" and ep.value.split(":")[0].split(".")[0] == "glm5_hpu"]
-if not eps:
-    sys.exit("no vllm.general_plugins entry point for glm5_hpu")
-print(f"plugin entry point: {eps[0].name} = {eps[0].value}")
-PY
-fi
+port_recheck glm5_hpu
 say "port $PORT installed (MXFP4 MoE: reference path; plugin: $([[ $PLUGIN == 1 ]] && echo glm5_hpu || echo 'not installed'))"

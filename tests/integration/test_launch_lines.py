@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from testing.builders import REPO
+from testing.recipes import rendered, seed_page
 
-SEEDS = REPO.parent / "shared" / "seeds"
 PORT = "glm-5-3-flash"
 
 # Copied from the GLM-5.3-Flash serving page's launch block, character for character.
@@ -33,10 +33,10 @@ def _fixpack(*args, env=None):
 
 
 def test_the_copied_line_is_the_seeds_line():
-    pages = sorted(SEEDS.glob("000_*.txt")) if SEEDS.is_dir() else []
-    if not pages:
+    page = seed_page("000")
+    if page is None:
         pytest.skip("the seeds folder is not beside this checkout")
-    assert SEED_LINE in pages[0].read_text().splitlines()
+    assert SEED_LINE in page.read_text().splitlines()
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +96,21 @@ def test_the_door_passes_on_a_refusal(image, tmp_path):
 
 
 # Copied from the GLM-5.3 MXFP4 page's launch block (two lines joined by its backslash).
+PORT_030 = "glm-5-mxfp4"
 SEED_LINE_030 = 'python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.30.0 \\\n    vllm-long-prefill-share glm47-streaming-text-markers || exit 1'
 
 
 def test_the_copied_v030_line_is_the_seeds_line():
-    pages = sorted(SEEDS.glob("003_*.txt")) if SEEDS.is_dir() else []
-    if not pages:
+    page = seed_page("003")
+    if page is None:
         pytest.skip("the seeds folder is not beside this checkout")
-    assert SEED_LINE_030 in pages[0].read_text()
+    assert SEED_LINE_030 in page.read_text()
+
+
+@pytest.mark.parametrize("recipe, line", [("GLM-5.3-Flash", SEED_LINE), ("GLM-5.3-BF16", SEED_LINE_030)], ids=["v0.26.0", "v0.30.0"])
+def test_each_recipe_renders_the_line_run_here(recipe, line):
+    """What `fixpack recipe show` prints is the line these tests run verbatim."""
+    assert f"\n{line}\n" in rendered(REPO / "recipes" / "zai-org" / recipe / "recipe.yaml")
 
 
 def _launch_030(tree: Path, cookbook: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
@@ -125,41 +132,72 @@ def test_the_v030_line_stops_the_launch_while_vllm_gaudi_has_development_pins_on
     assert {p: p.stat().st_ino for p in tree.rglob("*.py")} == before  # nothing replaced
 
 
-def test_the_v030_line_runs_verbatim_once_the_release_is_pinned(tmp_path):
-    """A stand-in for releases/v0.30.0 (the development base plus a file no fix touches), pinned
-    with `fixpack manifest` and `fixpack lock`: the seed's line applies, re-runs, and verify agrees."""
-    import shutil
+@pytest.fixture(scope="module")
+def pinned_030(tmp_path_factory):
+    """(scratch pack pinning a stand-in for releases/v0.30.0, environment for fixpack there)."""
+    from testing.builders import stand_in_v030_pack
 
-    from testing.builders import repo_of as _repo_of
-
-    dev = tmp_path / "dev"
-    if _fixpack("sources", "tree", str(dev), "--profile", "v0.30.0").returncode != 0:
+    tmp = tmp_path_factory.mktemp("pinned030")
+    if _fixpack("sources", "tree", str(tmp / "dev"), "--profile", "v0.30.0").returncode != 0:
         pytest.skip("v0.30.0 sources unavailable")
-    release = _repo_of(dev, tmp_path / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("stand-in\n"))
-    pack = tmp_path / "cookbook"
-    shutil.copytree(REPO / "profiles", pack / "profiles")
-    shutil.copy2(REPO / "apply_all.py", pack / "apply_all.py")  # apply_all finds its pack by realpath
-    for name in ("fixpack", "fixes", "fixes-v0.30.0", "ports", "recipes"):
-        (pack / name).symlink_to(REPO / name, target_is_directory=True)
-    prof = pack / "profiles" / "v0.30.0.yaml"
-    prof.write_text(prof.read_text().replace("      commit: 058f107\n", f"      commit: {release}\n", 1))
-    from fixpack import sources
+    return stand_in_v030_pack(tmp / "dev", tmp)
 
-    cache = tmp_path / "cache"
-    (cache / "trees").mkdir(parents=True)
-    (cache / "trees" / "wheel-vllm-0.30.0").symlink_to(sources.cache_dir() / "trees" / "wheel-vllm-0.30.0", target_is_directory=True)
-    env = {"FIXPACK_CACHE": str(cache), "FIXPACK_OFFLINE": "1"}
-    assert _fixpack("sources", "add", "vllm-gaudi", str(tmp_path / "stand-in"), env=env).returncode == 0
-    for cmd in ("manifest", "lock"):
-        r = _fixpack(cmd, "--profile", "v0.30.0", "--pack", str(pack), env=env)
-        assert r.returncode == 0, r.stdout + r.stderr
-    tree = tmp_path / "site-packages"
-    assert _fixpack("sources", "tree", str(tree), "--profile", "v0.30.0", env=dict(env, FIXPACK_PACK=str(pack))).returncode == 0
+
+def _tree_030(pinned, dest: Path) -> Path:
+    pack, env = pinned
+    assert _fixpack("sources", "tree", str(dest), "--profile", "v0.30.0", env=dict(env, FIXPACK_PACK=str(pack))).returncode == 0
+    return dest
+
+
+def _verify_030(tree: Path, pinned) -> dict:
+    pack, env = pinned
+    v = _fixpack("verify", "--profile", "v0.30.0", "--root", str(tree), "--pack", str(pack), "--json", env=env)
+    assert v.returncode == 0, v.stdout + v.stderr
+    return json.loads(v.stdout)
+
+
+def test_the_v030_line_runs_verbatim_once_the_release_is_pinned(pinned_030, tmp_path):
+    """The stand-in release pinned with `fixpack manifest` and `fixpack lock`: the seed's line
+    applies, re-runs, and verify agrees."""
+    pack, env = pinned_030
+    tree = _tree_030(pinned_030, tmp_path / "site-packages")
     first = _launch_030(tree, pack, env)
     assert first.returncode == 0 and "launched" in first.stdout, first.stdout + first.stderr
     assert "vllm-long-prefill-share" in first.stdout and "glm47-streaming-text-markers" in first.stdout
     again = _launch_030(tree, pack, env)
     assert again.returncode == 0 and "already applied" in again.stdout, again.stdout + again.stderr
-    v = _fixpack("verify", "--profile", "v0.30.0", "--root", str(tree), "--pack", str(pack), "--json", env=env)
-    state = json.loads(v.stdout)
-    assert v.returncode == 0 and state["drift"] is False and state["applied"]["opt_in"] == ["vllm-long-prefill-share", "glm47-streaming-text-markers"]
+    state = _verify_030(tree, pinned_030)
+    assert state["drift"] is False and state["applied"]["opt_in"] == ["vllm-long-prefill-share", "glm47-streaming-text-markers"]
+
+
+def test_the_v030_line_runs_verbatim_after_the_ports_install_and_keeps_the_port(pinned_030, tmp_path):
+    """The GLM-5.3 page's line in an image glm-5-mxfp4's install.sh --root prepared: it does not
+    name the port, and the engine keeps the port the state record shows applied at image build."""
+    import yaml
+
+    pack, env = pinned_030
+    tree = _tree_030(pinned_030, tmp_path / "site-packages")
+    ienv = dict(os.environ, COOKBOOK=str(pack), PYTHON=sys.executable, GLM_MXK="0", GLM_MXK_PREFILL="0", **env)
+    ienv.pop("PYTHONPATH", None)
+    inst = subprocess.run(["bash", str(REPO / "ports" / PORT_030 / "install.sh"), "--root", str(tree), "--no-plugin"],
+                          capture_output=True, text=True, env=ienv, timeout=900)
+    assert inst.returncode == 0, (inst.stdout + inst.stderr)[-4000:]
+    assert _verify_030(tree, pinned_030)["applied"]["port"] == PORT_030
+
+    first = _launch_030(tree, pack, env)
+    out = first.stdout + first.stderr
+    assert first.returncode == 0 and "launched" in first.stdout, out[-4000:]
+    assert f"keeping port {PORT_030}" in out
+    state = _verify_030(tree, pinned_030)
+    assert state["applied"]["port"] == PORT_030
+    assert state["applied"]["opt_in"] == ["vllm-long-prefill-share", "glm47-streaming-text-markers"]
+    patches = yaml.safe_load((REPO / "ports" / PORT_030 / "port.yaml").read_text())["patches"]
+    fixes = [f["fix"] for f in state["fixes"]]
+    assert fixes[: len(patches)] == patches  # the port's patches first, then the profile's fixes in pack order
+    assert {"vllm-long-prefill-share", "glm47-streaming-text-markers"} <= set(fixes[len(patches):])
+    assert state["drift"] is False and all(f["status"] == "applied" for f in state["fixes"])
+
+    again = _launch_030(tree, pack, env)
+    assert again.returncode == 0 and "launched" in again.stdout, (again.stdout + again.stderr)[-3000:]
+    assert "already applied" in again.stdout and f"port {PORT_030} kept" in again.stdout
+    assert _verify_030(tree, pinned_030)["fixes"] == state["fixes"]

@@ -172,3 +172,29 @@ def test_kernel_required_without_toolchain_stops_before_any_change(cookbook, tre
     assert proc.returncode == 20, (proc.stdout + proc.stderr)[-2000:]
     assert "GLM5_NEXT_MHC_SINKHORN=kernel needs the TPC toolchain" in proc.stderr
     assert snapshot(tree) == before
+
+
+def test_the_image_build_context_holds_install_sh_and_the_steps_it_sources():
+    """The Dockerfile copies the repository to /opt/gaudi-cookbook and runs install.sh there;
+    install.sh sources scripts/port-install.sh, which the build context must not leave out."""
+    import fnmatch
+
+    text = (PORT_DIR / "Dockerfile").read_text()
+    assert "COPY . /opt/gaudi-cookbook" in text and "bash ports/glm-5-3-flash/install.sh" in text
+    assert "../../scripts/port-install.sh" in INSTALL.read_text()
+    ignored = [line for line in (PORT_DIR / "Dockerfile.dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    for rel in ("apply_all.py", "ports/glm-5-3-flash/install.sh", "scripts/port-install.sh"):
+        assert (REPO / rel).is_file(), rel
+        assert not any(fnmatch.fnmatch(rel, pat) or rel.startswith(pat.rstrip("/") + "/") for pat in ignored), rel
+
+
+def test_usage_errors_exit_2_before_anything_runs(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable)
+    bad = subprocess.run(["bash", str(INSTALL), "--bogus"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "unknown argument --bogus" in bad.stderr
+    no_dir = subprocess.run(["bash", str(INSTALL), "--root", str(tmp_path / "absent")], capture_output=True, text=True, env=env)
+    assert no_dir.returncode == 2 and "no such folder" in no_dir.stderr
+    sinkhorn = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, env=dict(env, GLM5_NEXT_MHC_SINKHORN="auto"))
+    assert sinkhorn.returncode == 2 and "GLM5_NEXT_MHC_SINKHORN=auto: expected kernel or torch" in sinkhorn.stderr
+    helped = subprocess.run(["bash", str(INSTALL), "--help"], capture_output=True, text=True, env=env)
+    assert helped.returncode == 0 and helped.stdout.startswith("# Install the GLM-5.3-Flash port")

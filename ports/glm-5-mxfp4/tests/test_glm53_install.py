@@ -83,26 +83,9 @@ def dev_tree(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory, dev_tree):
     """(scratch pack pinning a stand-in releases/v0.30.0, environment for fixpack there)."""
-    from testing.builders import repo_of as _repo_of
-    from fixpack import sources
+    from testing.builders import stand_in_v030_pack
 
-    tmp = tmp_path_factory.mktemp("pinned")
-    release = _repo_of(dev_tree, tmp / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("stand-in\n"))
-    pack = tmp / "cookbook"
-    shutil.copytree(REPO / "profiles", pack / "profiles")
-    shutil.copy2(REPO / "apply_all.py", pack / "apply_all.py")  # apply_all finds its pack by realpath
-    for name in ("fixpack", "fixes", "fixes-v0.30.0", "ports", "recipes"):
-        (pack / name).symlink_to(REPO / name, target_is_directory=True)
-    prof = pack / "profiles" / f"{PROFILE}.yaml"
-    prof.write_text(prof.read_text().replace("      commit: 058f107\n", f"      commit: {release}\n", 1))
-    cache = tmp / "cache"
-    (cache / "trees").mkdir(parents=True)
-    (cache / "trees" / "wheel-vllm-0.30.0").symlink_to(sources.cache_dir() / "trees" / "wheel-vllm-0.30.0", target_is_directory=True)
-    env = {"FIXPACK_CACHE": str(cache), "FIXPACK_OFFLINE": "1"}
-    fixpack("sources", "add", "vllm-gaudi", str(tmp / "stand-in"), env=env)
-    for cmd in ("manifest", "lock"):
-        fixpack(cmd, "--profile", PROFILE, "--pack", str(pack), env=env)
-    return pack, env
+    return stand_in_v030_pack(dev_tree, tmp_path_factory.mktemp("pinned"))
 
 
 @pytest.fixture()
@@ -204,7 +187,7 @@ def test_the_dockerfile_installs_this_port_where_the_recipe_expects_it():
         assert f"ARG {arg}=1" in text and f"{arg}=${{{arg}}}" in text  # as served, unless the build says otherwise
     ignored = [line for line in (PORT_DIR / "Dockerfile.dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     needed = ["apply_all.py", "fixes/apply_all.py", "profiles/v0.30.0.yaml", "fixpack/__init__.py", "ports/glm-5-mxfp4/port.yaml",
-              "ports/glm-5-mxfp4/install.sh", "ports/glm-5-mxfp4/glm5_hpu/switches.py", "fixes-v0.30.0/vllm-long-prefill-share"]
+              "ports/glm-5-mxfp4/install.sh", "scripts/port-install.sh", "ports/glm-5-mxfp4/glm5_hpu/switches.py", "fixes-v0.30.0/vllm-long-prefill-share"]
     import fnmatch
 
     for rel in needed:

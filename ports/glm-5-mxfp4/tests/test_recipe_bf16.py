@@ -4,19 +4,18 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
-import shlex
 from pathlib import Path
 
 import pytest
 from glm5_hpu import serving_rules as rules
 
+from testing.recipes import as_in_image, edited, rendered, seed_page, write_recipe
+
 PORT = Path(__file__).resolve().parents[1]
 REPO = PORT.parents[1]
 RECIPE = REPO / "recipes" / "zai-org" / "GLM-5.3-BF16" / "recipe.yaml"
-COOKBOOK_IN_IMAGE = "/opt/gaudi-cookbook/"  # the page: "$COOKBOOK is /opt/gaudi-cookbook there"
 
 # The page's launch block, copied character for character (from "export CHECKPOINT_DIR" to the
 # last serve flag).
@@ -72,62 +71,26 @@ vllm serve $CHECKPOINT_DIR \\
 """
 
 
-def _seed_page() -> Path | None:
-    for up in REPO.parents:
-        found = sorted((up / "shared" / "seeds").glob("003_*.txt"))
-        if found:
-            return found[0]
-    return None
-
-
-def _rendered() -> str:
-    from fixpack.recipe import load_recipe, render
-
-    return render(load_recipe(RECIPE))
-
-
-def _parts(block: str) -> tuple[list[str], list[str], list[str], list[str]]:
-    """(export lines, comment lines, the fixes line's words, the serve command's lines)."""
-    lines = block.splitlines()
-    serve_at = next(i for i, line in enumerate(lines) if line.startswith("vllm serve "))
-    head = lines[:serve_at]
-    exports = [line for line in head if line.startswith("export ")]
-    comments = [line for line in head if line.startswith("#")]
-    rest = [line for line in head if line and not line.startswith(("export ", "#"))]
-    words = shlex.split(" ".join(rest).replace("\\ ", " ").replace("|| exit 1", ""), posix=False)
-    return exports, comments, words, lines[serve_at:]
-
-
 def test_the_copied_block_is_the_pages_block():
-    page = _seed_page()
+    page = seed_page("003")
     if page is None:
         pytest.skip("the seeds folder is not beside this checkout")
     assert SEED_BLOCK in page.read_text()
 
 
-def test_show_renders_every_export_and_flag_of_the_pages_block():
-    rendered = _rendered()
-    r_exports, r_comments, r_words, r_serve = _parts(rendered)
-    s_exports, s_comments, s_words, s_serve = _parts(SEED_BLOCK)
-    # Exports: the same lines in the same order; a repository path is written "$COOKBOOK/..."
-    # (so `recipe check` can find the file), which the image expands to the page's path.
-    assert [e.replace('"$COOKBOOK/', COOKBOOK_IN_IMAGE).rstrip('"') for e in r_exports] == s_exports
-    assert r_comments == s_comments
-    # The serve command: character for character, positional, flags, values, line breaks.
-    assert r_serve == s_serve
-    # The fixes line: the same profile and opt-ins in the same order. The renderer names the
-    # root apply_all.py (fixes/apply_all.py is the door to it) and the port, so the start-up
-    # check keeps the port's patches even on an image whose state record lost them.
-    assert s_words == ["python3", '"$COOKBOOK/fixes/apply_all.py"', "--profile", "v0.30.0",
-                       "vllm-long-prefill-share", "glm47-streaming-text-markers"]
-    assert r_words == ["python3", '"$COOKBOOK/apply_all.py"', "--profile", "v0.30.0", "--port", "glm-5-mxfp4",
-                       "vllm-long-prefill-share", "glm47-streaming-text-markers"]
-    assert rendered.count("\n") == SEED_BLOCK.count("\n") - 1  # the page wraps the fixes line once
+def test_show_renders_the_pages_block():
+    """Character for character, the fixes line included (its door, no --port, wrapped as the
+    page wraps it: tests/integration/test_launch_lines.py runs it in an image the port's
+    install.sh prepared). A repository path in an export is written "$COOKBOOK/..." (so `recipe
+    check` can find the file), which is the page's /opt/gaudi-cookbook/... in the image."""
+    block = rendered(RECIPE)
+    assert as_in_image(block) == SEED_BLOCK
+    assert '"$COOKBOOK/ports/glm-5-mxfp4/serving/tp8-seqs4-128k.txt"' in block and "--port" not in block
 
 
 def _check(data: dict | None = None) -> dict[str, dict]:
-    from fixpack.recipe import Recipe, check_recipe, load_recipe
     from fixpack.pack import Pack
+    from fixpack.recipe import Recipe, check_recipe, load_recipe
 
     recipe = load_recipe(RECIPE)
     if data is not None:
@@ -156,11 +119,7 @@ def test_check_finds_an_opt_in_in_its_profiles_own_folder():
 
 
 def _edited(change) -> dict:
-    import yaml
-
-    data = copy.deepcopy(yaml.safe_load(RECIPE.read_text()))
-    change(data)
-    return data
+    return edited(RECIPE, change)
 
 
 def _drop_flag(flag):
@@ -195,21 +154,17 @@ def test_check_refuses_what_the_page_says_not_to_do_and_bad_switches(change, rul
 
 
 def test_check_command_exits_2_naming_the_rule(capsys, tmp_path):
-    import yaml
     from fixpack.main import main
 
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(_edited(_drop_flag("--enable-expert-parallel")), sort_keys=False))
+    recipe = write_recipe(tmp_path / "recipe.yaml", _edited(_drop_flag("--enable-expert-parallel")))
     assert main(["recipe", "check", "--recipe", str(recipe), "--pack", str(REPO)]) == 2
     assert "fused MXFP4 experts need --enable-expert-parallel" in capsys.readouterr().err
 
 
 def test_serve_model_must_name_an_exported_variable(tmp_path, capsys):
-    import yaml
     from fixpack.main import main
 
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(_edited(lambda d: d["serve"].__setitem__("model", "$MISSING")), sort_keys=False))
+    recipe = write_recipe(tmp_path / "recipe.yaml", _edited(lambda d: d["serve"].__setitem__("model", "$MISSING")))
     assert main(["recipe", "show", "--recipe", str(recipe), "--pack", str(REPO)]) == 2
     assert "serve.model '$MISSING'" in capsys.readouterr().err
 

@@ -17,7 +17,6 @@ the same pixels.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import json
 import os
@@ -33,18 +32,9 @@ from types import SimpleNamespace
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM is not importable in this interpreter (the e2e runs under .venv-cpu: tests/e2e/run.sh)",
-                allow_module_level=True)
-try:
-    from vllm.platforms import current_platform
+from testing.vllm_e2e import require_vllm_cpu
 
-    _CPU = current_platform.is_cpu()
-except Exception as exc:  # pragma: no cover
-    pytest.skip(f"vLLM imports but its platform does not initialise: {exc}", allow_module_level=True)
-if not _CPU:
-    pytest.skip("vLLM here is not the CPU build (vllm-cpu 0.26.0); the e2e targets the CPU platform",
-                allow_module_level=True)
+require_vllm_cpu("vllm-cpu 0.26.0", ".venv-cpu")
 
 import checkpoint as ck  # noqa: E402
 

@@ -13,26 +13,12 @@ engine start takes about 1-2 minutes.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM is not importable in this interpreter (the e2e runs under .venv-cpu: tests/e2e/run.sh)",
-                allow_module_level=True)
-try:
-    from vllm.platforms import current_platform
+from testing.vllm_e2e import greedy_tokens, in_process_engine, reference_greedy_tokens, require_vllm_cpu
 
-    _CPU = current_platform.is_cpu()
-except Exception as exc:  # pragma: no cover
-    pytest.skip(f"vLLM imports but its platform does not initialise: {exc}", allow_module_level=True)
-if not _CPU:
-    pytest.skip("vLLM here is not the CPU build (vllm-cpu 0.26.0); the e2e targets the CPU platform",
-                allow_module_level=True)
-
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+require_vllm_cpu("vllm-cpu 0.26.0", ".venv-cpu")
+in_process_engine()
 
 import torch  # noqa: E402
 
@@ -62,12 +48,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference_tokens(ckpt):
-    _, ref, _ = ckpt
-    out = []
-    with torch.no_grad():
-        for p in ck.prompt_ids(N_PROMPTS):
-            out.append(ref.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):].tolist())
-    return out
+    return reference_greedy_tokens(ckpt[1], ck.prompt_ids(N_PROMPTS), NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +82,7 @@ def _record_carries(monkeypatch) -> dict:
 
 
 def _generate(llm, prompts):
-    from vllm import SamplingParams, TokensPrompt
-
-    sp = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return greedy_tokens(llm, prompts, NEW_TOKENS)
 
 
 def test_architecture_resolves_through_the_plugin(llm):

@@ -14,9 +14,8 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-base="${GATE_BASE_URL:-http://127.0.0.1:8000}"
-results="${GATE_RESULTS:-./gate-results}"
-wait_s="${GATE_WAIT_S:-3600}"
+# shellcheck source=SCRIPTDIR/../../../../scripts/gates.sh
+source "$here/../../../../scripts/gates.sh" || exit 2
 python="${PYTHON:-python3}"
 
 needs_server=1
@@ -25,20 +24,6 @@ case " $* " in
 esac
 
 if [ "$needs_server" = 1 ]; then
-  echo "waiting up to ${wait_s} s for ${base}/v1/models ..." >&2
-  deadline=$(( $(date +%s) + wait_s ))
-  until curl -sf "${base}/v1/models" >/dev/null 2>&1; do
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-      echo "run_gates.sh: no server at ${base} after ${wait_s} s; launch it as \`fixpack recipe show\` prints" >&2
-      exit 3
-    fi
-    sleep 10
-  done
+  gates_wait_for_server "\`fixpack recipe show\` prints"
 fi
-
-mkdir -p "$results"
-out="${results}/gates-$(date -u +%Y%m%dT%H%M%SZ).json"
-PYTHONPATH="${here}${PYTHONPATH:+:$PYTHONPATH}" "$python" -m gates --base-url "$base" --json "$out" "$@"
-rc=$?
-echo "results: $out" >&2
-exit $rc
+gates_run env PYTHONPATH="${here}${PYTHONPATH:+:$PYTHONPATH}" "$python" -m gates -- "$@"

