@@ -13,13 +13,13 @@ def env(tree, monkeypatch):
     return sampling_env(monkeypatch)
 
 
-# At every position the target gives token 5 logit 10 and token 8 logit 9: a frequency
-# penalty of 2 per earlier 5 turns the choice to 8 once 5 has been emitted (or drafted).
+# Token 5 logit 10, token 8 logit 9: a frequency penalty of 2 per earlier 5 turns the choice
+# to 8 once 5 has been emitted.
 CLOSE = {5: 10.0, 8: 9.0}
 
 
-def two_requests(e, **penalties):
-    favourite = {"a": [CLOSE, CLOSE, CLOSE], "b": [9, 10, 11]}
+def two_requests(e, a_positions, **penalties):
+    favourite = {"a": a_positions, "b": [9, 10, 11]}
     runner = make_runner(e, favourite, num_spec_tokens=2)
     add(e, runner, "a", 4, temperature=0.0, **penalties)
     add(e, runner, "b", 4, temperature=0.0)
@@ -31,21 +31,21 @@ def two_requests(e, **penalties):
 @pytest.mark.red_raises("RuntimeError")
 def test_a_draft_counts_in_the_penalties_of_the_rows_after_it(env):
     e = env
-    runner = two_requests(e, frequency_penalty=2.0)
-    # a's output is [5]: at its first verify row 5 scores 10 - 2 = 8 < 9, so 8; draft 8 is
-    # kept. At the second row 5 has been emitted once (8 twice counts nothing for 5): 5 scores
-    # 8, 8 scores 9 - 2 = 7, so 5 = draft 2 is kept; the bonus row sees 5 twice and 8 once:
-    # 10 - 4 = 6 < 9 - 2 = 7, so 8.
+    # a's output after the prompt is [5]. Row 1 (after draft 8): 8 scores 10 - 2 = 8 only if
+    # draft 8 counts in its history, so 6 (9) wins and draft 6 is kept; the bonus row sees
+    # 5, 8 and 6: 6 scores 10 - 2 = 8 < 9, so 7.
+    runner = two_requests(e, [CLOSE, {8: 10.0, 6: 9.0}, {6: 10.0, 7: 9.0}], frequency_penalty=2.0)
+    # row 0: 5 is in the output, 5 scores 8 < 9: 8, draft 8 is kept
     out = run_step(
-        e, runner, {"a": 3, "b": 3}, {"a": 4, "b": 4}, drafts={"a": [8, 5], "b": [9, 10]}, batch_changed=True
+        e, runner, {"a": 3, "b": 3}, {"a": 4, "b": 4}, drafts={"a": [8, 6], "b": [9, 10]}, batch_changed=True
     )
-    assert out == {"a": [8, 5, 8], "b": [9, 10, 11]}
+    assert out == {"a": [8, 6, 7], "b": [9, 10, 11]}
 
 
 @pytest.mark.red_raises("RuntimeError")
 def test_a_draft_the_penalty_rules_out_is_rejected(env):
     e = env
-    runner = two_requests(e, frequency_penalty=2.0)
+    runner = two_requests(e, [CLOSE, CLOSE, CLOSE], frequency_penalty=2.0)
     # draft 5 at the first row: 5 is in the output once, so the target picks 8 and the
     # draft is replaced (b keeps all of its drafts in the same step)
     out = run_step(
