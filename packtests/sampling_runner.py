@@ -1,8 +1,10 @@
 """HPUModelRunner's real sampling path on a real InputBatch, for fix tests of the sampling
-rows (so-row-owners, structured-output-rows): sample_tokens and everything it calls to pick
-rows, build metadata, mask and sample run as released; the model forward returns logits where
-each request's row favours its own token. Only hardware is taken out (pinned host memory,
-device tensors). Import it inside a test that takes the ``tree`` fixture.
+rows (so-row-owners, structured-output-rows) and of sampling under speculative decoding
+(glm-5-mxfp4's spec-* patches): sample_tokens and everything it calls to pick rows, build
+metadata, mask and sample (and, with speculation, the spec-decode metadata and vLLM's rejection
+sampler) run as released; the model forward returns logits where each request's row favours
+its own token. Only hardware is taken out (pinned host memory, device tensors). Import it
+inside a test that takes the ``tree`` fixture.
 """
 
 import functools
@@ -17,6 +19,7 @@ def sampling_env(monkeypatch):
     import numpy as np
     import torch
     import vllm.utils.torch_utils as torch_utils
+    import vllm.v1.sample.ops.penalties as penalties
     import vllm_gaudi.utils as gaudi_utils
     import vllm_gaudi.v1.worker.hpu_input_batch as hib
     import vllm_gaudi.v1.worker.hpu_model_runner as hmr
@@ -27,6 +30,7 @@ def sampling_env(monkeypatch):
     # Hardware only: the real row update with "device" tensors on the CPU, no pinned memory.
     monkeypatch.setattr(hib, "async_h2d_update", functools.partial(gaudi_utils.async_h2d_update, device="cpu"))
     monkeypatch.setattr(torch_utils, "PIN_MEMORY", False)
+    monkeypatch.setattr(penalties, "PIN_MEMORY", False)  # read at its import
 
     class NoPinTorch:
         """torch as the runner module sees it, minus pinned host memory (needs a card)."""
@@ -39,6 +43,15 @@ def sampling_env(monkeypatch):
             return torch.tensor(*args, **kwargs)
 
     monkeypatch.setattr(hmr, "torch", NoPinTorch())
+    # Hardware only: a copy "to the card" (the speculative path's `.to("hpu")`) stays on the CPU.
+    to = torch.Tensor.to
+
+    def to_host(self, *args, **kwargs):
+        if args and args[0] == "hpu":
+            args = ("cpu", *args[1:])
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to_host)
     return SimpleNamespace(
         np=np,
         torch=torch,
@@ -62,13 +75,25 @@ REAL = (
     "_get_prompts_and_decodes",
     "_extract_prefill_batch_contents",
     "_build_logprobs_output",
+    # speculative decoding: the verify rows' metadata
+    "_prepare_spec_decode_inputs",
+    "_get_cumsum_and_arange",
 )
 
 
-def make_runner(e, favourite):
+def make_runner(e, favourite, num_spec_tokens=0, certain=False):
     """HPUModelRunner's real sampling path (sample_tokens and everything it calls to pick
     rows, build metadata, mask and sample) on a real InputBatch and vLLM Sampler; the model
-    forward is replaced by logits where each request's row favours its own token."""
+    forward is replaced by logits where each request's row favours its own token.
+
+    num_spec_tokens > 0: speculative decoding with that many draft tokens, verified by vLLM's
+    RejectionSampler as HPUModelRunner.__init__ builds it; ``favourite[rid]`` may then be a
+    list, the token the target favours at each of a decode's 1 + k verify positions (a
+    favourite is a token, logit 10, or a {token: logit} dict). The
+    drafter itself is not run (propose_draft_token_ids stays a mock).
+
+    certain: every other token gets logit -inf, so the favourite has probability 1 at any
+    temperature (sampled results are then exact)."""
     R = e.hmr.HPUModelRunner
     runner = MagicMock()
     for name in REAL:
@@ -92,6 +117,16 @@ def make_runner(e, favourite):
     runner.use_structured_output = False  # HPUModelRunner.__init__
     runner.speculative_config = None
     runner.vllm_config.speculative_config = None
+    if num_spec_tokens:
+        # What the HPU platform's register_ops() imports: vllm-gaudi's rejection sampling ops,
+        # which replace vLLM's Triton ones in vllm.v1.sample.rejection_sampler.
+        import vllm_gaudi.v1.sample.hpu_rejection_sampler  # noqa: F401
+        from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+        runner.speculative_config = SimpleNamespace(num_speculative_tokens=num_spec_tokens, method="mtp")
+        runner.vllm_config.speculative_config = runner.speculative_config
+        runner.rejection_sampler = RejectionSampler(runner.sampler)
+        runner.arange_np = e.np.arange(1024, dtype=e.np.int64)
     runner.is_driver_worker = False
     runner.profiler.enabled = False
     runner.use_aux_hidden_state_outputs = False
@@ -127,13 +162,37 @@ def make_runner(e, favourite):
         if num_decodes:
             owners = list(ib.req_ids[:num_decodes])
             owners += [owners[0]] * (4 - len(owners))  # a padded decode bucket
-            dec = e.hmr.DecodeInputData(num_decodes=num_decodes, token_ids=e.torch.zeros(4, 1), logits_indices=owners)
+            if not num_spec_tokens:
+                dec = e.hmr.DecodeInputData(
+                    num_decodes=num_decodes, token_ids=e.torch.zeros(4, 1), logits_indices=owners
+                )
+            else:
+                dec = spec_decode_input(owners, so, num_decodes)
         return (pre, None), (dec, None)
 
+    def spec_decode_input(owners, so, num_decodes):
+        # As _prepare_decode_inputs lays out a speculative decode batch: 1 + k rows per request
+        # of the padded bucket (its last token, then its drafts), and the real spec-decode
+        # metadata built from them. Row i of request b is (owner, position i).
+        width = 1 + num_spec_tokens
+        ids = e.torch.zeros(len(owners) * width, 1, dtype=e.torch.int64)
+        for b, rid in enumerate(owners[:num_decodes]):
+            drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+            ids[b * width + 1 : b * width + 1 + len(drafts), 0] = e.torch.tensor(drafts)
+        _, meta = runner._prepare_spec_decode_inputs(so, e.torch.zeros(len(owners)), ids, width)
+        rows = [(rid, i) for rid in owners for i in range(width)]
+        return e.hmr.DecodeInputData(
+            num_decodes=num_decodes, token_ids=ids, logits_indices=rows, spec_decode_metadata=meta
+        )
+
     def forward(token_ids, position_ids, attn_metadata, owners, *args, **kwargs):
-        logits = e.torch.zeros(len(owners), VOCAB)
-        for row, rid in enumerate(owners):
-            logits[row, favourite[rid]] = 10.0
+        logits = e.torch.full((len(owners), VOCAB), float("-inf") if certain else 0.0)
+        for row, owner in enumerate(owners):
+            rid, pos = owner if isinstance(owner, tuple) else (owner, 0)
+            fav = favourite[rid]
+            fav = fav[pos] if isinstance(fav, list) else fav
+            for tok, value in fav.items() if isinstance(fav, dict) else [(fav, 10.0)]:
+                logits[row, tok] = value
         return e.torch.zeros(len(owners), 1), None, None, logits
 
     runner._prepare_inputs.side_effect = prepare_inputs
@@ -156,15 +215,17 @@ def add(e, runner, rid, prompt_len, **sp):
     runner.input_batch.add_request(state)
 
 
-def run_step(e, runner, scheduled, computed, grammar=None, batch_changed=False):
+def run_step(e, runner, scheduled, computed, grammar=None, batch_changed=False, drafts=None):
     """One engine step: computed tokens as _update_states sets them, then sample_tokens.
-    grammar: {req_id: allowed token} for the structured-output requests the scheduler masks."""
+    grammar: {req_id: allowed token} for the structured-output requests the scheduler masks.
+    drafts: {req_id: draft tokens} the scheduler sends for verification (speculative decoding;
+    each such request is scheduled 1 + len(drafts) tokens)."""
     ib = runner.input_batch
     for rid, n in computed.items():
         ib.num_computed_tokens_cpu[ib.req_id_to_index[rid]] = n
     runner.scheduler_output = SimpleNamespace(
         num_scheduled_tokens=dict(scheduled),
-        scheduled_spec_decode_tokens={},
+        scheduled_spec_decode_tokens=dict(drafts or {}),
         total_num_scheduled_tokens=sum(scheduled.values()),
         kv_connector_metadata=None,
     )
@@ -179,4 +240,5 @@ def run_step(e, runner, scheduled, computed, grammar=None, batch_changed=False):
             bitmask[i, tok // 32] = e.np.int32(e.np.uint32(1 << (tok % 32)).view(e.np.int32))
         grammar_output = e.GrammarOutput(ids, bitmask)
     out = runner.sample_tokens(grammar_output)
+    runner.last_output = out  # the whole ModelRunnerOutput (logprobs), for tests that read it
     return {rid: out.sampled_token_ids[out.req_id_to_index[rid]] for rid in out.req_ids}
