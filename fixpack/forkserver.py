@@ -15,6 +15,7 @@ one JSON reply per line on its stdout: ``{"rc", "stdout", "stderr", "timed_out"}
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -106,14 +107,19 @@ def serve(preload: str = "") -> int:
     import fixpack.landlock  # noqa: F401 - ctypes, for each child's confinement
     import fixpack.worker  # noqa: F401
 
+    # What is imported stays for every child: out of the collector's reach, a child's collection
+    # neither walks nor copies (copy-on-write) those objects.
+    gc.freeze()
     for line in sys.stdin:
         if not line.strip():
             continue
         job = json.loads(line)
-        if job.get("kind") == "codemod":
+        if job.get("kind") == "codemod" and "fixpack.kinds.codemod" not in sys.modules:
             # libcst only once a codemod comes (a diff or an edit never needs it), then once
             # for all the codemods after it
             import fixpack.kinds.codemod  # noqa: F401
+
+            gc.freeze()
         reply = _run_job(job)
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
@@ -122,6 +128,46 @@ def serve(preload: str = "") -> int:
 
 class ServerDied(RuntimeError):
     pass
+
+
+def server_env() -> dict:
+    """The servers' environment: this fixpack first on the path, no bytecode written."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+# Servers started before the driver has built its engine (``prestart``), waiting for the run's
+# Runner to adopt them (``adopt``): the codemod server's libcst import then runs while the driver
+# loads the pack and checks the base, not after.
+_early: dict[str, ForkServer] = {}
+
+
+def prestart(preloads: list[str]) -> None:
+    """Start a server per preload ("" plain, "codemod") now; a failure is left for `run` to report.
+    Their working folder is the one fixpack is imported from (``-m`` puts it first on the path:
+    never the caller's, which may hold packages of its own), until the run's state folder is known."""
+    env = server_env()
+    for preload in preloads:
+        if preload not in _early:
+            server = ForkServer(env, cwd=env["PYTHONPATH"].split(os.pathsep)[0], preload=preload)
+            try:
+                server.start()
+            except OSError:
+                continue
+            _early[preload] = server
+
+
+def adopt(preload: str) -> ForkServer | None:
+    """The server started early for ``preload``, handed over once (None if there is none)."""
+    return _early.pop(preload, None)
+
+
+def close_early() -> None:
+    """End the early servers no run adopted (a command that stopped before its first fix)."""
+    while _early:
+        _early.popitem()[1].close()
 
 
 class ForkServer:

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from fixpack import forkserver
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.pack import Fix
@@ -62,10 +63,10 @@ class Runner:
         when it starts, so that the import runs beside the fixes before the first codemod."""
         preload = "codemod" if kind == "codemod" else ""
         if preload not in self._forkservers:
-            env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-            pkg_parent = str(Path(__file__).resolve().parent.parent)
-            env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-            self._forkservers[preload] = ForkServer(env, cwd=str(self.state_dir), preload=preload)
+            early = forkserver.adopt(preload)  # started by the command before the engine was built
+            self._forkservers[preload] = early or ForkServer(
+                forkserver.server_env(), cwd=str(self.state_dir), preload=preload
+            )
         return self._forkservers[preload]
 
     def start(self, kinds: set[str]) -> None:

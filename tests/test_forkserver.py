@@ -163,3 +163,42 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
     finally:
         runner.close()
     assert runner._forkservers == {}
+
+
+def test_servers_started_before_the_engine_are_adopted_by_the_run_or_ended(tmp_path):
+    from fixpack import forkserver
+    from fixpack.runner import Runner
+    from fixpack.verify import Lines
+
+    forkserver.prestart(["", "codemod"])
+    try:
+        early = dict(forkserver._early)
+        assert sorted(early) == ["", "codemod"]
+        runner = Runner([tmp_path], tmp_path, Lines(quiet=True))
+        runner.start({"codemod"})
+        assert runner._forkservers["codemod"] is early["codemod"]  # the same process, not a second one
+        assert sorted(forkserver._early) == [""]  # not adopted: the run had no diff or edit
+        runner.close()
+        assert early["codemod"].proc is None
+    finally:
+        forkserver.close_early()
+    assert forkserver._early == {} and early[""].proc is None  # a server no run adopted is ended too
+
+
+def test_a_command_that_stops_before_its_first_fix_leaves_no_server_running(pack, monkeypatch):
+    """apply starts the servers before the engine is built; a refused run must not leave them."""
+    from fixpack import forkserver
+    from fixpack.main import main
+
+    started = []
+    real_start = forkserver.ForkServer.start
+
+    def start(self):
+        real_start(self)
+        started.append(self.proc)
+
+    monkeypatch.setattr(forkserver.ForkServer, "start", start)
+    root, tree = pack
+    assert main(["apply", "--pack", str(root), "--profile", "nope", "--root", str(tree)]) == 2
+    assert len(started) == 2  # the plain server and the codemod one (the pack has a codemod)
+    assert all(proc.poll() is not None for proc in started) and forkserver._early == {}

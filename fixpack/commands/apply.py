@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fixpack.commands._common import add_common, emit_json, make_engine
+from fixpack.commands._common import add_common, emit_json, make_engine, pack_of
 
 
 def add_parser(sub):
@@ -19,14 +19,32 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    engine = make_engine(args, opt_ins=args.opt_in, port=args.port, keep_applied_port=True)
-    refuse_development_pins(engine, allowed=args.development_base)
-    engine.timeout = args.timeout
-    engine.lock_wait = args.lock_wait
-    rc = engine.apply(dry_run=args.dry_run)
+    from fixpack import forkserver
+
+    if not args.dry_run:
+        # The fast path said "not applied": fixes will most likely run. Their servers start now, so
+        # that their imports (libcst's, for codemods) overlap the loading of the pack and the base
+        # check; the engine adopts them, and they are closed here if it never does.
+        forkserver.prestart(["", *(["codemod"] if _has_codemods(pack_of(args).root) else [])])
+    try:
+        engine = make_engine(args, opt_ins=args.opt_in, port=args.port, keep_applied_port=True)
+        refuse_development_pins(engine, allowed=args.development_base)
+        engine.timeout = args.timeout
+        engine.lock_wait = args.lock_wait
+        rc = engine.apply(dry_run=args.dry_run)
+    finally:
+        forkserver.close_early()
     if args.json:
         emit_json({"selection": engine.key, "exit": rc, "fixes": engine.report.records})
     return rc
+
+
+def _has_codemods(root) -> bool:
+    """Any codemod among the pack's fix folders (fixes*/ID, ports/*/fixes/ID): a stat per folder."""
+    for pattern in ("fixes*/*/codemod.py", "ports/*/fixes/*/codemod.py"):
+        if next(iter(root.glob(pattern)), None) is not None:
+            return True
+    return False
 
 
 def refuse_development_pins(engine, *, allowed: bool) -> None:
