@@ -178,6 +178,7 @@ class ForkServer:
         self.cwd = cwd
         self.preload = preload  # "codemod": import libcst at start, not at the first codemod job
         self.proc: subprocess.Popen | None = None
+        self.jobs = 0  # sent to the current process
 
     def start(self) -> None:
         """Start the server (it imports the fix machinery while the driver unwinds)."""
@@ -186,11 +187,13 @@ class ForkServer:
                 [sys.executable, "-m", "fixpack.forkserver", *([self.preload] if self.preload else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=self.cwd,
             )
+            self.jobs = 0
 
     def run(self, job: dict, timeout: float) -> dict:
         self.start()
         assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
         try:
+            self.jobs += 1
             self.proc.stdin.write((json.dumps(dict(job, timeout=timeout)) + "\n").encode())
             self.proc.stdin.flush()
         except OSError as exc:
@@ -221,11 +224,16 @@ class ForkServer:
                 pass
 
     def close(self) -> None:
+        idle = self.jobs == 0
         self.stop()
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
+            if idle:
+                # it never took a job (a run that stopped first, an already-applied tree): it has no
+                # child and nothing to finish, so it is not waited for while it still imports libcst
+                proc.kill()
             proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()

@@ -202,3 +202,17 @@ def test_a_command_that_stops_before_its_first_fix_leaves_no_server_running(pack
     assert main(["apply", "--pack", str(root), "--profile", "nope", "--root", str(tree)]) == 2
     assert len(started) == 2  # the plain server and the codemod one (the pack has a codemod)
     assert all(proc.poll() is not None for proc in started) and forkserver._early == {}
+
+
+def test_a_server_that_took_no_job_is_ended_not_waited_for_and_one_that_did_exits_cleanly(server, tmp_path):
+    from fixpack.forkserver import server_env
+
+    idle = ForkServer(server_env(), cwd=str(tmp_path), preload="codemod")
+    idle.start()
+    proc = idle.proc
+    idle.close()  # still importing libcst: killed, not waited for
+    assert proc is not None and proc.returncode == -9
+    assert server.run(job(tmp_path, "a", "return replace_once(node, 'return 1', 'return 2')"), timeout=60)["rc"] == 0
+    busy = server.proc
+    server.close()  # it served: told to stop, and it exits by itself
+    assert busy is not None and busy.returncode == 0
