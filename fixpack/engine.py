@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fixpack import __version__, journal
 from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
-from fixpack.hashing import sha256_bytes, sha256_file, short
+from fixpack.hashing import sha256_bytes, short
 from fixpack.lockfile import Lock, selection_key
 from fixpack.pack import Fix, Pack, Port, Profile
 from fixpack.paths import resolve_inside
@@ -98,7 +98,12 @@ class Engine:
         return resolve_inside(self.found[package], sub, where=rel)
 
     def current(self, rels) -> dict[str, str | None]:
-        out: dict[str, str | None] = {}
+        """Each target's sha256 (None: missing)."""
+        return {rel: None if data is None else sha256_bytes(data) for rel, data in self.contents(rels).items()}
+
+    def contents(self, rels) -> dict[str, bytes | None]:
+        """Each target's bytes (None: missing); anything but a regular file is refused."""
+        out: dict[str, bytes | None] = {}
         for rel in rels:
             p = self.path(rel)
             try:
@@ -111,7 +116,8 @@ class Engine:
                     f"{p}: expected a regular file, found {'a symlink' if stat.S_ISLNK(st.st_mode) else 'a directory' if stat.S_ISDIR(st.st_mode) else 'a special file'}; nothing was changed"
                 )
             try:
-                out[rel] = sha256_file(p)
+                with open(p, "rb") as f:
+                    out[rel] = f.read()
             except OSError as exc:
                 raise fs_error(exc, f"cannot read {p}") from exc
         return out
@@ -333,7 +339,9 @@ class Engine:
             raise ConfigError(
                 f"{fix.id}: fix.yaml targets {sorted(rels)} but {self.lock.path.name if self.lock else 'the lock'} pins {sorted(pins)}; run `fixpack lock --profile {self.profile.name}`; nothing was changed"
             )
-        cur = self.current(rels)
+        # the bytes the fix gets are the bytes hashed and checked against the pins
+        read = self.contents(rels)
+        cur = {rel: None if data is None else sha256_bytes(data) for rel, data in read.items()}
         for rel in rels:
             if cur[rel] is None:
                 raise BaseMismatch(
@@ -345,9 +353,7 @@ class Engine:
                     f"({self.describe(rel, pins[rel][0])}); nothing was changed"
                 )
         inputs = {rel: self.path(rel) for rel in rels}
-        old = {rel: inputs[rel].read_bytes() for rel in rels}
-        if any(sha256_bytes(old[r]) != cur[r] for r in rels):
-            raise Drift(f"{fix.id}: a target changed while it was being read; nothing was changed")
+        old = {rel: data for rel, data in read.items() if data is not None}
         key = (fix.id, self._fix_hash[fix.id], tuple(cur[r] for r in rels))
         if self.memo is not None and key in self.memo:
             new = self.memo[key]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fixpack.errors import Drift
-from fixpack.hashing import sha256_bytes, short
+from fixpack.hashing import short
 from fixpack.state import Journal, StateRecord, Step, Unreadable
 from fixpack.store import Store, atomic_write, crashpoint, drop_bytecode, fs_error
 from fixpack.verify import Lines
@@ -40,10 +40,8 @@ def commit(
 ) -> list[Step]:
     """Write a fix's files all-or-nothing: backups, journal, renames, state, journal gone.
     Returns the steps now applied."""
-    for old, new in changes.values():
-        store.put(old)
-        store.put(new)
-    files = {rel: [sha256_bytes(o), sha256_bytes(n)] for rel, (o, n) in changes.items()}
+    # both sides stored as backups; put gives each one's sha256
+    files = {rel: [store.put(old), store.put(new)] for rel, (old, new) in changes.items()}
     store.write_journal(Journal(op=op, step=step, files=files, state_base=base, steps_before=list(steps_before)))
     crashpoint(f"journal written for {op} {step.fix}")
     done: list[str] = []

@@ -138,6 +138,7 @@ class Store:
         self.journal_path = state_dir / "journal.json"
         self.lock_path = state_dir / "lock"
         self._lock_fd: int | None = None
+        self._stored: dict[str, tuple | None] = {}  # objects this Store wrote or read back whole: their stat
 
     # ---- objects
     def ensure(self) -> None:
@@ -147,16 +148,29 @@ class Store:
             raise fs_error(exc, f"cannot create the state folder {self.dir}") from exc
 
     def put(self, data: bytes) -> str:
+        """Store ``data`` (once: an object already there with these bytes is kept); its sha256."""
         h = sha256_bytes(data)
         path = self.objects / h[:2] / h[2:]
-        if path.is_file() and sha256_bytes(path.read_bytes()) == h:
+        # A fix's old bytes are the previous fix's new ones, stored by this run a moment ago: an
+        # object whose inode, size and times are as this Store left them is not read back again.
+        if h in self._stored and self._stat(path) == self._stored[h]:
             return h
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise fs_error(exc, f"cannot write backup {path}") from exc
-        atomic_write(path, data, label=f"object {h[:12]}")
+        if not (path.is_file() and sha256_bytes(path.read_bytes()) == h):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise fs_error(exc, f"cannot write backup {path}") from exc
+            atomic_write(path, data, label=f"object {h[:12]}")
+        self._stored[h] = self._stat(path)
         return h
+
+    @staticmethod
+    def _stat(path: Path) -> tuple | None:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def get(self, h: str) -> bytes:
         path = self.objects / h[:2] / h[2:]

@@ -86,6 +86,9 @@ class TreeWatch:
     before: dict[str, Entry] = field(default_factory=dict)
     data: dict[str, bytes] = field(default_factory=dict)
     digest: dict[str, str] = field(default_factory=dict)  # files too large to keep: their sha256
+    # `_by_folder`'s index of ``before``, and the dict it was made for (a new snapshot: made again)
+    _kids: dict[str, set[str]] = field(default_factory=dict, repr=False)
+    _kids_of: dict | None = field(default=None, repr=False)
 
     def take(self) -> None:
         """The snapshot a fix's process is compared with."""
@@ -143,24 +146,47 @@ class TreeWatch:
             self.before = now
         return out
 
+    def _by_folder(self) -> dict[str, set[str]]:
+        """The snapshot's entries by the folder they are in: made once for each new snapshot
+        (a scan), then kept by `driver_wrote`, so that a commit costs the entries of the folders
+        it touched, not a pass over all 5,000."""
+        if self._kids_of is not self.before:
+            kids: dict[str, set[str]] = {}
+            for path in self.before:
+                kids.setdefault(path.rpartition(os.sep)[0], set()).add(path)
+            self._kids, self._kids_of = kids, self.before
+        return self._kids
+
     def driver_wrote(self, files: list[Path], state_dir: Path) -> None:
         """The driver's own writes (a commit: targets renamed, their bytecode dropped, the state
         folder) are not the next fix's: scan again only the folders they touch."""
+        kids = self._by_folder()
         dirs = {str(f.parent) for f in files}
         deep = {str(state_dir), *(str(f.parent / "__pycache__") for f in files)}
-        prefixes = tuple(d + os.sep for d in deep)
-        for path in [p for p in self.before if p.startswith(prefixes) or p in deep or p.rpartition(os.sep)[0] in dirs]:
+        # what the snapshot had there: the entries in each touched folder, and every entry in and under a deep one
+        gone = {path for d in dirs for path in kids.get(d, ())} | {d for d in deep if d in self.before}
+        stack = list(deep)
+        while stack:
+            for path in kids.get(stack.pop(), ()):
+                gone.add(path)
+                stack.append(path)
+        for path in gone:
             del self.before[path]
+            kids[path.rpartition(os.sep)[0]].discard(path)
+        now: dict[str, Entry] = {}
         for d in dirs:
             try:
                 with os.scandir(d) as it:
                     for e in it:
                         if e.path not in self.skip:
-                            self.before[e.path] = _entry(e.stat(follow_symlinks=False))
+                            now[e.path] = _entry(e.stat(follow_symlinks=False))
             except OSError:
                 continue
-            self.before[d] = _entry(os.lstat(d))
-        self.before.update(scan([Path(d) for d in deep], self.skip))
+            now[d] = _entry(os.lstat(d))
+        now.update(scan([Path(d) for d in deep], self.skip))
+        self.before.update(now)
+        for path in now:
+            kids.setdefault(path.rpartition(os.sep)[0], set()).add(path)
         if self.keep_bytes:
             for f in files:
                 try:

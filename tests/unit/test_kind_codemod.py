@@ -142,3 +142,95 @@ def test_a_scope_is_found_from_the_record_of_these_bytes_without_a_parse(tmp_pat
     monkeypatch.setattr(edit, "parse_definitions", refuse)
     again = codemod.apply(d, {"pkg/t.py": SRC.encode()}, known=first.located)
     assert again.outputs == first.outputs and b"g(1, 3)" in again.outputs["pkg/t.py"]
+
+
+# ---- the node-type gate in front of libcst's matcher dispatch (Codemod._may_act)
+
+GATED = """
+import libcst as cst
+import libcst.matchers as m
+from fixpack.kinds.codemod import Codemod
+
+
+class Many(Codemod):
+    DESCRIPTION = "every way a codemod names what it acts on"
+    TARGET = "pkg/t.py"
+    PLACES = ("either", "not in h", "a visit", "a comparison")
+
+    def __init__(self, skip=None):
+        super().__init__(skip)
+        self.names = 0
+
+    @m.call_if_inside(m.FunctionDef(name=m.Name("f")))
+    @m.leave(m.Integer("1") | m.SimpleString())
+    def either(self, original, updated):
+        return self.at("either", updated, updated)
+
+    @m.call_if_not_inside(m.FunctionDef(name=m.Name("h")))
+    @m.leave(m.Call(func=m.Name("g")))
+    def not_in_h(self, original, updated):
+        return self.at("not in h", updated, updated.with_changes(func=cst.Name("k")))
+
+    @m.visit(m.Return())
+    def a_visit(self, node):
+        self.at("a visit", node, node)
+
+    def leave_Comparison(self, original, updated):
+        return self.at("a comparison", updated, updated)
+
+    def visit_Name(self, node):
+        self.names += 1
+"""
+
+GATED_SRC = """class A:
+    def f(self):
+        return g(1, "2")
+
+    def h(self):
+        x = 3 < 4
+        return g(5, 6)
+"""
+
+
+def test_the_gate_names_exactly_the_types_the_codemod_acts_on(tmp_path):
+    d = tmp_path / "fix"
+    d.mkdir()
+    (d / "codemod.py").write_text(GATED)
+    (cls,) = codemod.load(d)
+    import libcst as cst
+
+    assert set(cls()._acts_on) == {
+        cst.Integer,
+        cst.SimpleString,
+        cst.FunctionDef,
+        cst.Call,
+        cst.Return,
+        cst.Comparison,
+        cst.Name,
+    }
+
+
+# a call_if_inside matcher whose types the gate does not work out (m.TypeOf): the gate is off
+ANY = "\n    @m.call_if_inside(m.TypeOf(m.FunctionDef, m.Lambda))\n    @m.leave(m.Integer())\n    def anything(self, original, updated):\n        return updated\n"
+
+
+@pytest.mark.parametrize("extra", ["", ANY], ids=["gate on", "gate off"])
+def test_gated_and_ungated_dispatch_give_the_same_code_places_and_visits(tmp_path, monkeypatch, extra):
+    d = tmp_path / "fix"
+    d.mkdir()
+    (d / "codemod.py").write_text(GATED + extra)
+    import libcst as cst
+
+    def through(gate: bool):
+        (cls,) = codemod.load(d)
+        inst = cls()
+        if not gate:
+            inst._acts_on = None  # every node through libcst's own dispatch
+        out = cst.parse_module(GATED_SRC).visit(inst).code
+        return out, dict(inst.found), inst.names, inst._acts_on is None
+
+    gated, ungated = through(True), through(False)
+    assert gated[:3] == ungated[:3]
+    assert gated[0] == GATED_SRC.replace('return g(1, "2")', 'return k(1, "2")')  # not inside h
+    assert gated[1] == {"either": 2, "not in h": 1, "a visit": 2, "a comparison": 1}
+    assert gated[3] is bool(extra)  # a matcher that may match any node turns the gate off

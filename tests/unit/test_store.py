@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import stat
+import time
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +140,16 @@ def test_drop_bytecode_removes_only_that_module_s_pyc(tmp_path):
 def test_fs_error_says_what_and_why():
     exc = fs_error(OSError(errno.ENOSPC, "x"), "cannot write /t/f")
     assert str(exc) == "cannot write /t/f: no space left on device"
+
+
+def test_an_object_this_store_wrote_is_not_read_back_until_it_changes(tmp_path, monkeypatch):
+    store = Store(tmp_path / ".fixpack")
+    store.ensure()
+    h = store.put(b"kept")
+    reads = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or real(self))
+    assert store.put(b"kept") == h and reads == []  # the next fix's old bytes: a stat, no read
+    time.sleep(0.01)
+    (store.objects / h[:2] / h[2:]).write_bytes(b"kept")  # rewritten with the same bytes: new times
+    assert store.put(b"kept") == h and len(reads) == 1  # read back and found whole again
