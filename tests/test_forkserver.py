@@ -216,3 +216,21 @@ def test_a_server_that_took_no_job_is_ended_not_waited_for_and_one_that_did_exit
     busy = server.proc
     server.close()  # it served: told to stop, and it exits by itself
     assert busy is not None and busy.returncode == 0
+
+
+def test_the_codemod_import_skips_only_the_matchers_rendered_docstrings_and_puts_dataclasses_back():
+    import subprocess
+
+    code = (
+        "import dataclasses, inspect\n"
+        "import fixpack.forkserver as f\n"
+        "f._import_codemod_kind()\n"
+        "import libcst.matchers as m\n"
+        "@dataclasses.dataclass\n"
+        "class After:\n"
+        "    x: int\n"
+        "print(dataclasses.inspect is inspect, m.FunctionDef.__doc__, After.__doc__, m.FunctionDef(name=m.Name('f')).name)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split(" ", 3)[:3] == ["True", "FunctionDef", "After(x:"]
