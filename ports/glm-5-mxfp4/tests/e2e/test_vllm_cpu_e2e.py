@@ -105,7 +105,11 @@ def _engine(dst, **kw):
                 # vLLM 0.30.0 turns chunked prefill off for MLA on CPU; with a step budget below
                 # the longest prompt, speculative decoding then never schedules it (the engine
                 # spins), so the budget holds any prompt
-                max_num_batched_tokens=MAX_LEN, seed=0)
+                max_num_batched_tokens=MAX_LEN, seed=0,
+                # vLLM's reference MLA on CPU. Where the CPU has AMX tiles vLLM 0.30.0 prefers its
+                # AMX MLA backend, whose packed weights need 32-wide input features; the tiny
+                # model's heads are 16 wide ("invalid weight input features 16", Intel Xeon here)
+                attention_backend="CPU_MLA")
     args.update(kw)
     return LLM(**args)
 
@@ -158,7 +162,9 @@ def test_mtp_speculation_with_switches_at_reference_and_a_placement_keeps_greedy
     placement = tmp_path / "placement.json"
     placement.write_text(json.dumps({"format": "glm5-moe-placement/1", "n_routed_experts": 8, "layers": orders}))
     monkeypatch.setenv("GLM_MOE_PLACEMENT", str(placement))
-    engine = _engine(ckpt[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+    # the drafter picks its own attention backend (never the target's): the reference MLA too
+    engine = _engine(ckpt[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1,
+                                                  "attention_backend": "CPU_MLA"},
                      disable_log_stats=False)
     stored = engine.apply_model(lambda m: {
         name: mod.quant_method.experts.experts for name, mod in m.named_modules()
