@@ -99,7 +99,7 @@ class Engine:
 
     def current(self, rels) -> dict[str, str | None]:
         """Each target's sha256 (None: missing)."""
-        return {rel: None if data is None else sha256_bytes(data) for rel, data in self.contents(rels).items()}
+        return _hashes(self.contents(rels))
 
     def contents(self, rels) -> dict[str, bytes | None]:
         """Each target's bytes (None: missing); anything but a regular file is refused."""
@@ -341,7 +341,7 @@ class Engine:
             )
         # the bytes the fix gets are the bytes hashed and checked against the pins
         read = self.contents(rels)
-        cur = {rel: None if data is None else sha256_bytes(data) for rel, data in read.items()}
+        cur = _hashes(read)
         for rel in rels:
             if cur[rel] is None:
                 raise BaseMismatch(
@@ -427,3 +427,7 @@ def revert(engine: Engine, fix_id: str | None) -> int:
         return 0
     finally:
         engine.store.unlock()
+
+
+def _hashes(contents: dict[str, bytes | None]) -> dict[str, str | None]:
+    return {rel: None if data is None else sha256_bytes(data) for rel, data in contents.items()}

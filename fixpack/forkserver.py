@@ -100,8 +100,8 @@ def _import_codemod_kind() -> None:
 
     libcst.matchers defines 175 dataclasses with no docstring; for each, dataclasses writes
     ``__doc__`` from ``inspect.signature`` of the class, whose annotations are long Unions of
-    matcher types: about 0.065 s of the module's 0.17 s import (python -X importtime), on the
-    path of every cold apply's first codemod. No fix's process reads those docstrings, so in
+    matcher types, on the path of every cold apply's first codemod (bench/bench_codemods.py
+    measures the import with and without it). No fix's process reads those docstrings, so in
     the server the signature is reported unavailable for the length of this import (each such
     class's ``__doc__`` is then its name, as dataclasses does for a class without a signature),
     and dataclasses is put back as it was. Where dataclasses finds ``inspect`` otherwise, this
@@ -117,14 +117,14 @@ def _import_codemod_kind() -> None:
         def signature(*args, **kwargs):
             raise ValueError("not rendered in the fork server")
 
-    if getattr(dataclasses, "inspect", None) is not inspect:
-        import fixpack.kinds.codemod  # noqa: F401
-        return
-    dataclasses.inspect = _NoSignatures()  # type: ignore[attr-defined]
+    patch = getattr(dataclasses, "inspect", None) is inspect
+    if patch:
+        dataclasses.inspect = _NoSignatures()  # type: ignore[attr-defined]
     try:
         import fixpack.kinds.codemod  # noqa: F401 - libcst and its matchers
     finally:
-        dataclasses.inspect = inspect  # type: ignore[attr-defined]
+        if patch:
+            dataclasses.inspect = inspect  # type: ignore[attr-defined]
 
 
 def serve(preload: str = "") -> int:

@@ -53,6 +53,19 @@ def fs_error(exc: OSError, what: str) -> EnvironmentFault:
     return EnvironmentFault(f"{what}: {reason}")
 
 
+def stat_entry(st: os.stat_result) -> tuple:
+    """A file's state short of its bytes: (dev, ino, size, mtime_ns, ctime_ns, mode, uid, gid).
+    A write through any name moves the ctime, a rename the inode."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid, st.st_gid)
+
+
+def _lstat_entry(path: Path) -> tuple | None:
+    try:
+        return stat_entry(os.lstat(path))
+    except OSError:
+        return None
+
+
 def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -138,7 +151,7 @@ class Store:
         self.journal_path = state_dir / "journal.json"
         self.lock_path = state_dir / "lock"
         self._lock_fd: int | None = None
-        self._stored: dict[str, tuple | None] = {}  # objects this Store wrote or read back whole: their stat
+        self._stored: dict[str, tuple] = {}  # objects this Store wrote or read back whole: their stat_entry
 
     # ---- objects
     def ensure(self) -> None:
@@ -152,8 +165,9 @@ class Store:
         h = sha256_bytes(data)
         path = self.objects / h[:2] / h[2:]
         # A fix's old bytes are the previous fix's new ones, stored by this run a moment ago: an
-        # object whose inode, size and times are as this Store left them is not read back again.
-        if h in self._stored and self._stat(path) == self._stored[h]:
+        # object whose inode, size, times and mode are as this Store left them is not read back.
+        known = self._stored.get(h)
+        if known is not None and _lstat_entry(path) == known:
             return h
         if not (path.is_file() and sha256_bytes(path.read_bytes()) == h):
             try:
@@ -161,16 +175,10 @@ class Store:
             except OSError as exc:
                 raise fs_error(exc, f"cannot write backup {path}") from exc
             atomic_write(path, data, label=f"object {h[:12]}")
-        self._stored[h] = self._stat(path)
+        now = _lstat_entry(path)
+        if now is not None:
+            self._stored[h] = now
         return h
-
-    @staticmethod
-    def _stat(path: Path) -> tuple | None:
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def get(self, h: str) -> bytes:
         path = self.objects / h[:2] / h[2:]

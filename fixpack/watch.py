@@ -20,13 +20,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fixpack.store import stat_entry
+
 KEEP_BYTES_UP_TO = 8 << 20  # every .py file; a large binary is named for reinstalling instead
 
 Entry = tuple  # (dev, ino, size, mtime_ns, ctime_ns, mode, uid, gid)
-
-
-def _entry(st: os.stat_result) -> Entry:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid, st.st_gid)
 
 
 def scan(roots: list[Path], skip: set[str]) -> dict[str, Entry]:
@@ -45,13 +43,13 @@ def scan(roots: list[Path], skip: set[str]) -> dict[str, Entry]:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                out[e.path] = _entry(st)
+                out[e.path] = stat_entry(st)
                 if stat.S_ISDIR(st.st_mode):
                     walk(e.path)
 
     for r in roots:
         try:
-            out[str(r)] = _entry(os.lstat(r))
+            out[str(r)] = stat_entry(os.lstat(r))
         except OSError:
             continue
         walk(str(r))
@@ -179,10 +177,10 @@ class TreeWatch:
                 with os.scandir(d) as it:
                     for e in it:
                         if e.path not in self.skip:
-                            now[e.path] = _entry(e.stat(follow_symlinks=False))
+                            now[e.path] = stat_entry(e.stat(follow_symlinks=False))
             except OSError:
                 continue
-            now[d] = _entry(os.lstat(d))
+            now[d] = stat_entry(os.lstat(d))
         now.update(scan([Path(d) for d in deep], self.skip))
         self.before.update(now)
         for path in now:
