@@ -56,13 +56,14 @@ def block_softmax_adjustment(
     groups = block_groups.to(torch.int64).reshape(-1)
     slots = batch_size + 1
     group_max = torch.full((slots, bm.shape[1]), float("-inf"), dtype=torch.float32, device=bm.device)
-    group_max = group_max.index_reduce(0, groups.clamp(max=batch_size), bm, "amax")
-    gmax = group_max.index_select(0, groups.clamp(max=batch_size))
+    slot = groups.clamp(max=batch_size)
+    group_max = group_max.scatter_reduce(0, slot.unsqueeze(1).expand_as(bm), bm, "amax")
+    gmax = group_max.index_select(0, slot)
     adj = torch.exp(bm - gmax)
     sum_adj = bs * adj
     real = (groups < batch_size).unsqueeze(1)
     group_sum = torch.zeros((slots, bm.shape[1]), dtype=torch.float32, device=bm.device)
-    group_sum = group_sum.index_add(0, groups.clamp(max=batch_size), torch.where(real, sum_adj, 0.0))
-    gsum = torch.where(real, group_sum.index_select(0, groups.clamp(max=batch_size)), 0.0)
+    group_sum = group_sum.index_add(0, slot, torch.where(real, sum_adj, 0.0))
+    gsum = torch.where(real, group_sum.index_select(0, slot), 0.0)
     rescale = adj / torch.maximum(gsum, sum_adj)
     return rescale.reshape(list(out_shape)).to(block_max.dtype)
