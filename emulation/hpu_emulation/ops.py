@@ -25,7 +25,7 @@ _lock = threading.Lock()
 _lib: torch.library.Library | None = None
 
 # (qualified name with overload, schema arguments -> returns, cpu impl, fake impl)
-_MOE_TAIL = "bool permuted_weights=True, str activation=\"silu\", int experts_min=0, int experts_max=0, int chunk_size=0, int total_experts=0"
+_MOE_TAIL = 'bool permuted_weights=True, str activation="silu", int experts_min=0, int experts_max=0, int chunk_size=0, int total_experts=0'
 _BIAS_TAIL = (
     "bool permuted_weights=True, int experts_min=0, int experts_max=0, int chunk_size=0, int total_experts=0, "
     "float alpha=1.702, float limit=7.0"
@@ -60,7 +60,7 @@ SCHEMAS: dict[str, str] = {
     ),
     "mixture_of_experts.mxfp4_fused_weights": (
         f"({_MOE_HEAD}, Tensor[] w12, Tensor[] w3, Tensor[] d_scale_w12, Tensor[] d_scale_w3, int block_size=32, "
-        "bool permuted_weights=True, str activation=\"silu\", int experts_min=0, int experts_max=0, "
+        'bool permuted_weights=True, str activation="silu", int experts_min=0, int experts_max=0, '
         "bool is_fp4=True, int chunk_size=0, int total_experts=0) -> Tensor"
     ),
     "mixture_of_experts.bias_mxfp4_fused_weights": (

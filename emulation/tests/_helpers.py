@@ -16,6 +16,7 @@ def assert_close(a, b, dtype=torch.float32, **over):
     tol = dict(TOL[dtype], **over)
     torch.testing.assert_close(a.float(), b.float(), **tol)
 
+
 # Where the project's own MXFP4 reference lives (ports/glm-5-mxfp4/glm5_mxfp4).
 _REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 REPO_PATHS = [str(_REPO / "ports" / "glm-5-mxfp4")]

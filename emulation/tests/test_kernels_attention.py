@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _helpers import assert_close, close
-
 from hpu_emulation import ops
 from hpu_emulation.kernels import attention as A
 from hpu_emulation.kernels.fp8 import fp8_quantize
@@ -137,7 +136,9 @@ def test_sdpa_recomp_fwd_stats_and_chunk_merge():
     assert_close(A.gqa_output_reshape(linv), torch.exp(s.amax(-1, keepdim=True) - torch.logsumexp(s, -1, keepdim=True)))
 
     def chunk(lo, hi):
-        r = torch.ops.hpu.sdpa_recomp_fwd(q5, k5[..., lo:hi, :], v5[..., lo:hi, :], None, 0.0, 0.25, False, True, "fast", None, "right")
+        r = torch.ops.hpu.sdpa_recomp_fwd(
+            q5, k5[..., lo:hi, :], v5[..., lo:hi, :], None, 0.0, 0.25, False, True, "fast", None, "right"
+        )
         return [A.gqa_output_reshape(x).float() for x in r]
 
     (o1, m1, l1), (o2, m2, l2) = chunk(0, 4), chunk(4, 10)
@@ -180,9 +181,24 @@ def test_fp8_fused_sdpa_dequantized_inputs(card_name, fp8_kind):
     sq, sk, sv = (x.abs().amax() / 100 for x in (q, k, v))
     q8, k8, v8 = (fp8_quantize(x / s, fp8) for x, s in ((q, sq), (k, sk), (v, sv)))
     fsdpa = importlib.import_module("habana_frameworks.torch.hpex.kernels").fp8_fused_sdpa
-    res = fsdpa(q8, k8, v8, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None, softmax_mode="None",
-                d_scale_q=sq, d_scale_k=sk, d_scale_v=sv, q_scale_s=None, d_scale_s=None, is_amax_s=False,
-                valid_seq_len=None, seq_padding_type="right")
+    res = fsdpa(
+        q8,
+        k8,
+        v8,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=True,
+        scale=None,
+        softmax_mode="None",
+        d_scale_q=sq,
+        d_scale_k=sk,
+        d_scale_v=sv,
+        q_scale_s=None,
+        d_scale_s=None,
+        is_amax_s=False,
+        valid_seq_len=None,
+        seq_padding_type="right",
+    )
     ref = ref_sdpa(q8.float() * sq, k8.float() * sk, v8.float() * sv, float_mask(causal(6)))
     assert res[0].dtype == torch.bfloat16
     assert_close(res[0], ref, torch.bfloat16)
@@ -210,7 +226,9 @@ def test_fp8_sdpa_recomp_fwd_prob_quant_and_fast_linv(card_name):
 
 MUTANTS = {
     # Deliberately wrong kernels: the same checks must reject each of them.
-    "scale_ignored": lambda q, k, v, **kw: A.fused_sdpa(q, k, v, scale=1.0, **{x: y for x, y in kw.items() if x != "scale"}),
+    "scale_ignored": lambda q, k, v, **kw: A.fused_sdpa(
+        q, k, v, scale=1.0, **{x: y for x, y in kw.items() if x != "scale"}
+    ),
     "window_off_by_one": lambda q, k, v, **kw: A.fused_sdpa(
         q, k, v, **dict(kw, window_size=(kw["window_size"][0] + 1, 0))
     ),

@@ -12,13 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _helpers import assert_close, close
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from hpu_emulation import ops
 from hpu_emulation.config import card
 from hpu_emulation.kernels import fp8 as FP8
 from hpu_emulation.kernels import quant as Q
 from hpu_emulation.kernels import rope as R
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ops.register()
 DTYPES = [torch.float32, torch.bfloat16]
@@ -110,8 +109,9 @@ def test_cast_to_fp8_v2_matches_torch_cast(card_name):
     assert sat.tolist() == want
     # per-row scale [T, 1] (dynamic_quant)
     rs = torch.rand(8, 1) + 0.5
-    assert torch.equal(torch.ops.hpu.cast_to_fp8_v2(x, rs, False, False, fp8)[0].float(),
-                       (x * rs).clamp(-lim, lim).to(fp8).float())
+    assert torch.equal(
+        torch.ops.hpu.cast_to_fp8_v2(x, rs, False, False, fp8)[0].float(), (x * rs).clamp(-lim, lim).to(fp8).float()
+    )
 
 
 def test_cast_from_fp8_both_fp8_dtypes():
@@ -133,13 +133,33 @@ def test_fp8_gemm_v2(card_name, trans_b):
     a_s = torch.rand(5, 1) + 0.1  # per token
     b_s = torch.rand(12) + 0.1  # per output channel
     bias = torch.randn(12).to(torch.bfloat16)
-    got = torch.ops.hpu.fp8_gemm_v2(A=a, trans_A=False, B=b, trans_B=trans_b, D=None, out_dtype=torch.bfloat16,
-                                    A_scale_inv=a_s, B_scale_inv=b_s, bias=bias, accumulate=False)
+    got = torch.ops.hpu.fp8_gemm_v2(
+        A=a,
+        trans_A=False,
+        B=b,
+        trans_B=trans_b,
+        D=None,
+        out_dtype=torch.bfloat16,
+        A_scale_inv=a_s,
+        B_scale_inv=b_s,
+        bias=bias,
+        accumulate=False,
+    )
     ref = (a.float() * a_s) @ (w.float() * b_s[:, None]).t() + bias.float()
     assert_close(got, ref, torch.bfloat16)
     # float scales (FP8Matmul) resolve to the .scalar overload
-    got_s = torch.ops.hpu.fp8_gemm_v2(A=a, trans_A=False, B=b, trans_B=trans_b, D=None, out_dtype=torch.float32,
-                                      A_scale_inv=0.5, B_scale_inv=0.25, bias=None, accumulate=False)
+    got_s = torch.ops.hpu.fp8_gemm_v2(
+        A=a,
+        trans_A=False,
+        B=b,
+        trans_B=trans_b,
+        D=None,
+        out_dtype=torch.float32,
+        A_scale_inv=0.5,
+        B_scale_inv=0.25,
+        bias=None,
+        accumulate=False,
+    )
     assert_close(got_s, (a.float() @ w.float().t()) * 0.125)
     # negative control: treating the scales as quantisation (not dequantisation) scales is caught
     wrong = (a.float() / a_s) @ (w.float() / b_s[:, None]).t() + bias.float()
@@ -210,8 +230,9 @@ def _paged_case():
 
 def test_block_softmax_pipeline_matches_dense_attention():
     q, kb, vb, bias, groups, mapping, batch, owners, lens, bs = _paged_case()
-    got = paged_decode(q, kb, vb, bias, groups, mapping, batch, torch.ops.hpu.block_softmax,
-                       torch.ops.hpu.block_softmax_adjustment)
+    got = paged_decode(
+        q, kb, vb, bias, groups, mapping, batch, torch.ops.hpu.block_softmax, torch.ops.hpu.block_softmax_adjustment
+    )
     assert_close(got, dense_ref(q, kb, vb, owners, lens, bs), atol=1e-5, rtol=1e-4)
 
 
@@ -303,9 +324,17 @@ def test_fake_tensor_shapes():
         assert out.shape == (2, 4, 5, 8) and m.shape == (2, 4, 5, 1)
         x = torch.empty(3, 16, dtype=torch.bfloat16)
         w = [torch.empty(8, 16)] * 2
-        y = torch.ops.hpu.mixture_of_experts(hidden_states=x, expert_routing_table=torch.empty(3, 2, dtype=torch.long),
-                                             router_weights=torch.empty(3, 2), w12=w, w3=[torch.empty(16, 4)] * 2,
-                                             permuted_weights=True, activation="silu", experts_min=0, experts_max=1)
+        y = torch.ops.hpu.mixture_of_experts(
+            hidden_states=x,
+            expert_routing_table=torch.empty(3, 2, dtype=torch.long),
+            router_weights=torch.empty(3, 2),
+            w12=w,
+            w3=[torch.empty(16, 4)] * 2,
+            permuted_weights=True,
+            activation="silu",
+            experts_min=0,
+            experts_max=1,
+        )
         assert y.shape == (3, 16) and y.dtype == torch.bfloat16
         c, _ = torch.ops.hpu.cast_to_fp8_v2(x, 1.0, False, False, torch.float8_e4m3fn)
         assert c.dtype == torch.float8_e4m3fn

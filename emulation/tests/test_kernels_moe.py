@@ -13,14 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _helpers import REPO_PATHS, assert_close, close
-
 from hpu_emulation import ops
 from hpu_emulation.config import card
 from hpu_emulation.kernels import moe as M
 
 ops.register()
 DTYPES = [torch.float32, torch.bfloat16]
-T, H, I, E, TOPK = 7, 16, 8, 4, 2
+T, H, I, E, TOPK = 7, 16, 8, 4, 2  # noqa: E741  (I: the MoE intermediate size)
 
 
 def routing(n_experts=E, seed=0, t=T):
@@ -89,8 +88,17 @@ def test_fused_weights_activations(dtype, act):
     x = torch.randn(T, H).to(dtype)
     ids, rw = routing()
     w12, w3 = weights(dtype=dtype)
-    got = moe(hidden_states=x, expert_routing_table=ids, router_weights=rw.to(dtype), w12=w12, w3=w3,
-              permuted_weights=True, activation=act, experts_min=0, experts_max=E - 1)
+    got = moe(
+        hidden_states=x,
+        expert_routing_table=ids,
+        router_weights=rw.to(dtype),
+        w12=w12,
+        w3=w3,
+        permuted_weights=True,
+        activation=act,
+        experts_min=0,
+        experts_max=E - 1,
+    )
     assert got.dtype == dtype
     assert_close(got, moe_ref(x, ids, rw.to(dtype), w12, w3, act), dtype)
 
@@ -101,13 +109,32 @@ def test_default_overload_separate_w1_w2_w3_equals_fused():
     w12, w3 = weights()
     w1 = [w[:I] for w in w12]
     w2 = [w[I:] for w in w12]
-    got = moe(hidden_states=x, expert_routing_table=ids, router_weights=rw, w1=w1, w2=w2, w3=w3,
-              permuted_weights=True, activation="silu", experts_min=0, experts_max=E - 1)
+    got = moe(
+        hidden_states=x,
+        expert_routing_table=ids,
+        router_weights=rw,
+        w1=w1,
+        w2=w2,
+        w3=w3,
+        permuted_weights=True,
+        activation="silu",
+        experts_min=0,
+        experts_max=E - 1,
+    )
     assert_close(got, moe_ref(x, ids, rw, w12, w3))
     # permuted_weights=False: [in, out] weights, same result
-    got_t = moe(hidden_states=x, expert_routing_table=ids, router_weights=rw, w1=[w.t() for w in w1],
-                w2=[w.t() for w in w2], w3=[w.t() for w in w3], permuted_weights=False, activation="silu",
-                experts_min=0, experts_max=E - 1)
+    got_t = moe(
+        hidden_states=x,
+        expert_routing_table=ids,
+        router_weights=rw,
+        w1=[w.t() for w in w1],
+        w2=[w.t() for w in w2],
+        w3=[w.t() for w in w3],
+        permuted_weights=False,
+        activation="silu",
+        experts_min=0,
+        experts_max=E - 1,
+    )
     assert_close(got_t, got)
 
 
@@ -118,19 +145,47 @@ def test_expert_parallel_and_slices_sum_to_whole(dtype):
     x = torch.randn(T, H).to(dtype)
     ids, rw = routing(n)
     w12, w3 = weights(n, dtype=dtype)
-    full = moe(hidden_states=x, expert_routing_table=ids, router_weights=rw, w12=w12, w3=w3,
-               permuted_weights=True, activation="silu", experts_min=0, experts_max=n - 1)
+    full = moe(
+        hidden_states=x,
+        expert_routing_table=ids,
+        router_weights=rw,
+        w12=w12,
+        w3=w3,
+        permuted_weights=True,
+        activation="silu",
+        experts_min=0,
+        experts_max=n - 1,
+    )
     assert_close(full, moe_ref(x, ids, rw, w12, w3), dtype)
     parts = []
     for lo in range(0, n, 2):  # slices of 2 experts, as VllmMixtureOfExpertsOp's MAX_EXPERTS_PER_SLICE loop
-        parts.append(moe(hidden_states=x, expert_routing_table=ids, router_weights=rw, w12=w12[lo:lo + 2],
-                         w3=w3[lo:lo + 2], permuted_weights=True, activation="silu", experts_min=lo,
-                         experts_max=lo + 1).float())
-        assert_close(parts[-1], moe_ref(x, ids, rw, w12[lo:lo + 2], w3[lo:lo + 2], lo=lo), dtype)
+        parts.append(
+            moe(
+                hidden_states=x,
+                expert_routing_table=ids,
+                router_weights=rw,
+                w12=w12[lo : lo + 2],
+                w3=w3[lo : lo + 2],
+                permuted_weights=True,
+                activation="silu",
+                experts_min=lo,
+                experts_max=lo + 1,
+            ).float()
+        )
+        assert_close(parts[-1], moe_ref(x, ids, rw, w12[lo : lo + 2], w3[lo : lo + 2], lo=lo), dtype)
     assert_close(sum(parts), full, dtype)
     # a card holding experts 4..7 only: tokens routed elsewhere get 0
-    card1 = moe(hidden_states=x, expert_routing_table=ids, router_weights=rw, w12=w12[4:], w3=w3[4:],
-                permuted_weights=True, activation="silu", experts_min=4, experts_max=7)
+    card1 = moe(
+        hidden_states=x,
+        expert_routing_table=ids,
+        router_weights=rw,
+        w12=w12[4:],
+        w3=w3[4:],
+        permuted_weights=True,
+        activation="silu",
+        experts_min=4,
+        experts_max=7,
+    )
     no_local = ~((ids >= 4).any(-1))
     assert torch.all(card1[no_local] == 0)
 
@@ -145,8 +200,17 @@ def test_bias_fused_weights_gpt_oss_swiglu(dtype):
     b12 = [torch.randn(2 * I, generator=g).to(dtype) for _ in range(E)]
     b3 = [torch.randn(H, generator=g).to(dtype) for _ in range(E)]
     got = torch.ops.hpu.mixture_of_experts.bias_fused_weights(
-        hidden_states=x, expert_routing_table=ids, router_weights=rw.to(dtype), w12=w12, w3=w3, w12_bias=b12,
-        w3_bias=b3, permuted_weights=True, experts_min=0, experts_max=E - 1)
+        hidden_states=x,
+        expert_routing_table=ids,
+        router_weights=rw.to(dtype),
+        w12=w12,
+        w3=w3,
+        w12_bias=b12,
+        w3_bias=b3,
+        permuted_weights=True,
+        experts_min=0,
+        experts_max=E - 1,
+    )
     ref = moe_ref(x, ids, rw.to(dtype), w12, w3, b12=b12, b3=b3, gated=swiglu_oai_ref)
     assert_close(got, ref, dtype, atol=5e-2 if dtype == torch.bfloat16 else 1e-4)
 
@@ -170,11 +234,11 @@ def quant_fp8(w, layout, fp8, block=(4, 8)):
     q = torch.empty(rows, cols, dtype=fp8)
     for i in range(sr):
         for j in range(sc):
-            blk = w[i * b0:(i + 1) * b0, j * b1:(j + 1) * b1]
+            blk = w[i * b0 : (i + 1) * b0, j * b1 : (j + 1) * b1]
             s[i, j] = blk.abs().amax() / lim
             qb = (blk / s[i, j]).to(fp8)
-            q[i * b0:(i + 1) * b0, j * b1:(j + 1) * b1] = qb
-            deq[i * b0:(i + 1) * b0, j * b1:(j + 1) * b1] = qb.float() * s[i, j]
+            q[i * b0 : (i + 1) * b0, j * b1 : (j + 1) * b1] = qb
+            deq[i * b0 : (i + 1) * b0, j * b1 : (j + 1) * b1] = qb.float() * s[i, j]
     return q, s, deq
 
 
@@ -185,17 +249,28 @@ def test_fp8_fused_weights_scales(card_name, layout, per_token):
     x = torch.randn(T, H)
     ids, rw = routing()
     w12, w3 = weights()
-    q12, s12, d12 = zip(*(quant_fp8(w, layout, fp8) for w in w12))
-    q3, s3, d3 = zip(*(quant_fp8(w, layout, fp8) for w in w3))
+    q12, s12, d12 = zip(*(quant_fp8(w, layout, fp8) for w in w12), strict=True)
+    q3, s3, d3 = zip(*(quant_fp8(w, layout, fp8) for w in w3), strict=True)
     if per_token:  # dynamic_quant: per-row scale [T, 1]
         xs = x.abs().amax(-1, keepdim=True) / 200
     else:
         xs = x.abs().amax() / 200
     x8 = (x / xs).to(fp8)
     rwb = rw.to(torch.bfloat16)
-    got = moe(hidden_states=x8, expert_routing_table=ids, router_weights=rwb, w12=list(q12), w3=list(q3),
-              d_scale_hidden_states=xs, d_scale_w12=list(s12), d_scale_w3=list(s3), permuted_weights=True,
-              activation="silu", experts_min=0, experts_max=E - 1)
+    got = moe(
+        hidden_states=x8,
+        expert_routing_table=ids,
+        router_weights=rwb,
+        w12=list(q12),
+        w3=list(q3),
+        d_scale_hidden_states=xs,
+        d_scale_w12=list(s12),
+        d_scale_w3=list(s3),
+        permuted_weights=True,
+        activation="silu",
+        experts_min=0,
+        experts_max=E - 1,
+    )
     assert got.dtype == torch.bfloat16
     assert_close(got, moe_ref(x8.float() * xs, ids, rwb, d12, d3), torch.bfloat16)
 
@@ -205,8 +280,8 @@ def test_fp8_static_intermediate_scale(card_name):
     x = torch.randn(T, H)
     ids, rw = routing()
     w12, w3 = weights()
-    q12, s12, d12 = zip(*(quant_fp8(w, "channel", fp8) for w in w12))
-    q3, s3, d3 = zip(*(quant_fp8(w, "channel", fp8) for w in w3))
+    q12, s12, d12 = zip(*(quant_fp8(w, "channel", fp8) for w in w12), strict=True)
+    q3, s3, d3 = zip(*(quant_fp8(w, "channel", fp8) for w in w3), strict=True)
     xs = torch.tensor(0.02)
     x8 = (x / xs).to(fp8)
     inter = [torch.tensor(0.01 * (e + 1)) for e in range(E)]
@@ -215,9 +290,21 @@ def test_fp8_static_intermediate_scale(card_name):
     def inter_q(j, a):
         return torch.clamp(a / inter[j], -lim, lim).to(fp8).float() * inter[j]
 
-    got = moe(hidden_states=x8, expert_routing_table=ids, router_weights=rw, w12=list(q12), w3=list(q3),
-              d_scale_hidden_states=xs, d_scale_intermediate_hidden_states=inter, d_scale_w12=list(s12),
-              d_scale_w3=list(s3), permuted_weights=True, activation="silu", experts_min=0, experts_max=E - 1)
+    got = moe(
+        hidden_states=x8,
+        expert_routing_table=ids,
+        router_weights=rw,
+        w12=list(q12),
+        w3=list(q3),
+        d_scale_hidden_states=xs,
+        d_scale_intermediate_hidden_states=inter,
+        d_scale_w12=list(s12),
+        d_scale_w3=list(s3),
+        permuted_weights=True,
+        activation="silu",
+        experts_min=0,
+        experts_max=E - 1,
+    )
     assert_close(got, moe_ref(x8.float() * xs, ids, rw, d12, d3, inter_q=inter_q), atol=1e-4, rtol=1e-4)
 
 
@@ -263,10 +350,23 @@ def test_mxfp4_fused_weights(dtype):
     p3, s3, d3 = mxfp4_weights(E, H2, I2, seed=4)
     lo, hi = 1, 2  # an expert-parallel slice
     got = torch.ops.hpu.mixture_of_experts.mxfp4_fused_weights(
-        x, ids.to(torch.int32), rw.to(dtype), p12[lo:hi + 1], p3[lo:hi + 1], s12[lo:hi + 1], s3[lo:hi + 1],
-        block_size=32, permuted_weights=True, activation="silu", experts_min=lo, experts_max=hi, is_fp4=True,
-        chunk_size=0, total_experts=E)
-    ref = moe_ref(x, ids, rw.to(dtype), d12[lo:hi + 1], d3[lo:hi + 1], lo=lo, hi=hi)
+        x,
+        ids.to(torch.int32),
+        rw.to(dtype),
+        p12[lo : hi + 1],
+        p3[lo : hi + 1],
+        s12[lo : hi + 1],
+        s3[lo : hi + 1],
+        block_size=32,
+        permuted_weights=True,
+        activation="silu",
+        experts_min=lo,
+        experts_max=hi,
+        is_fp4=True,
+        chunk_size=0,
+        total_experts=E,
+    )
+    ref = moe_ref(x, ids, rw.to(dtype), d12[lo : hi + 1], d3[lo : hi + 1], lo=lo, hi=hi)
     assert_close(got, ref, dtype, atol=5e-2 if dtype == torch.bfloat16 else 1e-4)
 
 
@@ -280,11 +380,26 @@ def test_bias_mxfp4_fused_weights():
     b12 = [torch.randn(2 * I2, generator=g).to(torch.bfloat16) for _ in range(E)]
     b3 = [torch.randn(H2, generator=g).to(torch.bfloat16) for _ in range(E)]
     got = torch.ops.hpu.mixture_of_experts.bias_mxfp4_fused_weights(
-        x, ids.to(torch.int32), rw.to(torch.bfloat16), p12, p3, b12, b3, s12, s3, block_size=32,
-        permuted_weights=True, experts_min=0, experts_max=E - 1, is_fp4=True, chunk_size=0, total_experts=E,
-        alpha=1.5, limit=3.0)
-    ref = moe_ref(x, ids, rw.to(torch.bfloat16), d12, d3, b12=b12, b3=b3,
-                  gated=lambda h: swiglu_oai_ref(h, 1.5, 3.0))
+        x,
+        ids.to(torch.int32),
+        rw.to(torch.bfloat16),
+        p12,
+        p3,
+        b12,
+        b3,
+        s12,
+        s3,
+        block_size=32,
+        permuted_weights=True,
+        experts_min=0,
+        experts_max=E - 1,
+        is_fp4=True,
+        chunk_size=0,
+        total_experts=E,
+        alpha=1.5,
+        limit=3.0,
+    )
+    ref = moe_ref(x, ids, rw.to(torch.bfloat16), d12, d3, b12=b12, b3=b3, gated=lambda h: swiglu_oai_ref(h, 1.5, 3.0))
     assert_close(got, ref, torch.bfloat16, atol=5e-2)
 
 
@@ -293,8 +408,16 @@ def test_moe_not_emulated_raises():
     ids, rw = routing()
     w12, w3 = weights()
     with pytest.raises(NotImplementedError, match="activation"):
-        moe(hidden_states=x, expert_routing_table=ids, router_weights=rw, w12=w12, w3=w3, activation="tanh",
-            experts_min=0, experts_max=E - 1)
+        moe(
+            hidden_states=x,
+            expert_routing_table=ids,
+            router_weights=rw,
+            w12=w12,
+            w3=w3,
+            activation="tanh",
+            experts_min=0,
+            experts_max=E - 1,
+        )
     with pytest.raises(NotImplementedError, match="is_fp4"):
         M.mixture_of_experts_mxfp4_fused(x, ids, rw, w12, w3, w12, w3, is_fp4=False, experts_max=E - 1)
 
@@ -306,11 +429,14 @@ def _swap_gate_up(h):
 
 MOE_MUTANTS = {
     "gate_up_swapped": lambda kw: M._moe(
-        kw["x"], kw["ids"], kw["rw"], E, 0, E - 1, lambda e: kw["w12"][e], lambda e: kw["w3"][e], _swap_gate_up),
+        kw["x"], kw["ids"], kw["rw"], E, 0, E - 1, lambda e: kw["w12"][e], lambda e: kw["w3"][e], _swap_gate_up
+    ),
     "experts_min_off_by_one": lambda kw: M.mixture_of_experts_fused(
-        kw["x"], kw["ids"], kw["rw"], kw["w12"], kw["w3"], True, "silu", 1, E),
+        kw["x"], kw["ids"], kw["rw"], kw["w12"], kw["w3"], True, "silu", 1, E
+    ),
     "router_weight_ignored": lambda kw: M.mixture_of_experts_fused(
-        kw["x"], kw["ids"], torch.ones_like(kw["rw"]) / TOPK, kw["w12"], kw["w3"], True, "silu", 0, E - 1),
+        kw["x"], kw["ids"], torch.ones_like(kw["rw"]) / TOPK, kw["w12"], kw["w3"], True, "silu", 0, E - 1
+    ),
 }
 
 

@@ -226,7 +226,16 @@ def sdpa_recomp_fwd(
     """
     _check_common(dropout_p, softmax_mode, seq_padding_type)
     out, m, linv = attention_core(
-        q, k, v, attention_mask, _default_scale(q, scale), is_causal, valid_seq_len, seq_padding_type, window_size, sinks
+        q,
+        k,
+        v,
+        attention_mask,
+        _default_scale(q, scale),
+        is_causal,
+        valid_seq_len,
+        seq_padding_type,
+        window_size,
+        sinks,
     )
     return out.to(q.dtype), m, linv
 

@@ -156,7 +156,10 @@ def mixture_of_experts(
     total_experts: int = 0,
 ) -> torch.Tensor:
     """Default overload: separate gate (w1), up (w2) and down (w3) lists; same math as fused."""
-    w12 = [torch.cat((_oriented(a, permuted_weights), _oriented(b, permuted_weights)), dim=0) for a, b in zip(w1, w2)]
+    w12 = [
+        torch.cat((_oriented(a, permuted_weights), _oriented(b, permuted_weights)), dim=0)
+        for a, b in zip(w1, w2, strict=True)
+    ]
     down = [_oriented(w, permuted_weights) for w in w3]
     out = mixture_of_experts_fused(
         hidden_states, expert_routing_table, router_weights, w12, down, True, activation, experts_min, experts_max
