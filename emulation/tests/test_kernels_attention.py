@@ -277,3 +277,16 @@ def test_fp8_sliced_merge_contract(card_name):
     # P and the output pass through FP8 (3 mantissa bits): relative error up to ~2**-4 each.
     assert_close(merged, ref, torch.bfloat16, atol=0.15, rtol=0.15)
     assert torch.nn.functional.cosine_similarity(merged.flatten(), ref.flatten(), dim=0) > 0.995
+
+
+def test_gqa_helpers_import_paths_round_trip():
+    """utils.py imports the helpers from both kernel modules; reshape there and back is the identity."""
+    from habana_frameworks.torch.hpex.kernels.Fp8FusedSDPA import gqa_output_reshape as out8
+    from habana_frameworks.torch.hpex.kernels.FusedSDPA import gqa_input_reshape_fwd, gqa_output_reshape, is_gqa
+
+    q, k, v = qkv(hkv=2)
+    mask = torch.randn(2, 4, 6, 6)
+    assert is_gqa(q, k) and not is_gqa(q, q)
+    q5, k5, v5, m5 = gqa_input_reshape_fwd(q, k, v, mask)
+    assert q5.shape == (2, 2, 2, 6, 8) and k5.shape == (2, 2, 1, 6, 8) and m5.shape == (2, 2, 2, 6, 6)
+    assert torch.equal(gqa_output_reshape(q5), q) and torch.equal(out8(m5), mask)
