@@ -1,0 +1,1 @@
+from habana_frameworks.torch.utils import experimental, internal  # noqa: F401
