@@ -154,7 +154,9 @@ def _fake_sdpa(q, k, v, *args, **kwargs):
     return q.new_empty(out), q.new_empty(stat, dtype=torch.float32), q.new_empty(stat, dtype=torch.float32)
 
 
-def _fake_fp8_sdpa(q, k, v, attention_mask, dropout_p, scale, is_causal, rb, sm, dq, dk, dv, qs, qo, ds, *rest, **kw):
+def _fake_fp8_sdpa(
+    q, k, v, mask, dropout_p, scale, is_causal, rb, sm, dq, dk, dv, qs, qo, ds, amax_s, amax_o, *rest, **kw
+):
     out, stat = _attn_shapes(q, k, v)
     f32 = torch.float32
     out_dtype = torch.bfloat16 if qo is None else v.dtype
@@ -162,8 +164,8 @@ def _fake_fp8_sdpa(q, k, v, attention_mask, dropout_p, scale, is_causal, rb, sm,
         q.new_empty(out, dtype=out_dtype),
         q.new_empty(stat, dtype=f32),
         q.new_empty(stat, dtype=f32),
-        q.new_empty(0, dtype=f32),
-        q.new_empty(0, dtype=f32),
+        q.new_empty(() if amax_s else (0,), dtype=f32),
+        q.new_empty(() if amax_o else (0,), dtype=f32),
     )
 
 

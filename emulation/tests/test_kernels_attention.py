@@ -246,3 +246,47 @@ def test_negative_control_attention(mutant):
     got = fn(q, k, v, **kw)
     mask = torch.log(torch.ones(6, 6).tril(0).triu(1 - 3))
     assert close(got, ref_sdpa(q, k, v, mask, scale=0.2)) == (mutant is None)
+
+
+def test_fp8_sliced_merge_contract(card_name):
+    """SlicedFP8FusedSDPA's chunk_kernel: dequantised chunk outputs, m, linv * 128 ('fast') merge to the whole."""
+    from hpu_emulation.config import card
+
+    fp8 = card().fp8_e4m3
+    q, k, v = qkv(hkv=2, kv_len=10)
+    q8, k8, v8 = (fp8_quantize(x * 8, fp8) for x in (q, k, v))
+    d = torch.tensor(1 / 8)
+    one = torch.tensor(1.0)
+    q5, k5, v5, _ = A.gqa_input_reshape_fwd(q8, k8, v8, None)
+
+    def chunk(lo, hi):
+        r = torch.ops.hpu.fp8_sdpa_recomp_fwd(
+            q5, k5[..., lo:hi, :], v5[..., lo:hi, :], None, 0.0, 0.25, False, True, "fast",
+            d, d, d, one, one, one, False, False, None, "right", [-1, -1], None,
+        )  # fmt: skip
+        out, m, linv = (A.gqa_output_reshape(x) for x in r[:3])
+        out = torch.ops.hpu.cast_from_fp8(out, one, torch.bfloat16).float()
+        return out, m.float(), linv.float() * 128.0
+
+    (o1, m1, l1), (o2, m2, l2) = chunk(0, 4), chunk(4, 10)
+    new_m = torch.maximum(m1, m2)
+    r1, r2 = (1 / l1) * torch.exp(m1 - new_m), (1 / l2) * torch.exp(m2 - new_m)
+    new_l = 1 / (r1 + r2)
+    merged = (r1 * new_l) * o1 + (r2 * new_l) * o2
+    ref = ref_sdpa(q8.float() / 8, k8.float() / 8, v8.float() / 8, scale=0.25)
+    # P and the output pass through FP8 (3 mantissa bits): relative error up to ~2**-4 each.
+    assert_close(merged, ref, torch.bfloat16, atol=0.15, rtol=0.15)
+    assert torch.nn.functional.cosine_similarity(merged.flatten(), ref.flatten(), dim=0) > 0.995
+
+
+def test_gqa_helpers_import_paths_round_trip():
+    """utils.py imports the helpers from both kernel modules; reshape there and back is the identity."""
+    from habana_frameworks.torch.hpex.kernels.Fp8FusedSDPA import gqa_output_reshape as out8
+    from habana_frameworks.torch.hpex.kernels.FusedSDPA import gqa_input_reshape_fwd, gqa_output_reshape, is_gqa
+
+    q, k, v = qkv(hkv=2)
+    mask = torch.randn(2, 4, 6, 6)
+    assert is_gqa(q, k) and not is_gqa(q, q)
+    q5, k5, v5, m5 = gqa_input_reshape_fwd(q, k, v, mask)
+    assert q5.shape == (2, 2, 2, 6, 8) and k5.shape == (2, 2, 1, 6, 8) and m5.shape == (2, 2, 2, 6, 6)
+    assert torch.equal(gqa_output_reshape(q5), q) and torch.equal(out8(m5), mask)

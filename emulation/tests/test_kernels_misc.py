@@ -338,3 +338,9 @@ def test_fake_tensor_shapes():
         assert y.shape == (3, 16) and y.dtype == torch.bfloat16
         c, _ = torch.ops.hpu.cast_to_fp8_v2(x, 1.0, False, False, torch.float8_e4m3fn)
         assert c.dtype == torch.float8_e4m3fn
+        q8 = torch.empty(2, 4, 5, 8, dtype=torch.float8_e4m3fn)
+        one = torch.empty(())
+        r = torch.ops.hpu.fp8_sdpa_recomp_fwd(
+            q8, q8, q8, None, 0.0, 0.1, True, True, "fast", one, one, one, one, None, one, True, False, None, "right"
+        )
+        assert r[0].dtype == torch.bfloat16 and r[0].shape == (2, 4, 5, 8) and r[3].shape == ()

@@ -49,7 +49,7 @@ class FusedSDPA(torch.autograd.Function):
         sinks=None,
     ):
         if flag_11 or flag_12:
-            raise NotImplementedError("FusedSDPA emulation: positional flags 12/13 other than False")
+            raise NotImplementedError("FusedSDPA emulation: the two flags after padding_side other than False")
         if scale is None:
             scale = 1.0 / math.sqrt(q.shape[-1])
         out = torch.ops.hpu.sdpa_recomp_fwd(
