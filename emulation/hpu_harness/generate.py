@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import tempfile
-from pathlib import Path
 
 from hpu_harness import runtime
 
@@ -50,18 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_SKIP_WARMUP", "true")
     runtime.apply(env)
 
-    from hpu_harness.instrument import instrument_runner
-
     import habana_frameworks.torch  # noqa: F401  - the device before vLLM picks its platform
 
+    from hpu_harness.instrument import instrument_runner
+
     instrument_runner()
+    from hpu_emulation import counting, memory
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from hpu_emulation import counting, memory
-
     engine = dict(
-        dtype="bfloat16", max_model_len=256, max_num_seqs=4, block_size=128, gpu_memory_utilization=0.5,
-        num_gpu_blocks_override=16, max_num_batched_tokens=256, enforce_eager=not args.lazy,
+        dtype="bfloat16",
+        max_model_len=256,
+        max_num_seqs=4,
+        block_size=128,
+        gpu_memory_utilization=0.5,
+        num_gpu_blocks_override=16,
+        max_num_batched_tokens=256,
+        enforce_eager=not args.lazy,
     )
     for item in args.engine_arg:
         key, _, value = item.partition("=")

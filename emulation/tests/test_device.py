@@ -1,10 +1,9 @@
 """The emulated card's device layer: creation, transfers, the index semantics (card tensors only),
 host-sync counting, HPU-graph regions and card memory. Plain PyTorch references throughout."""
 
+import hpu_emulation
 import pytest
 import torch
-
-import hpu_emulation
 
 hpu_emulation.activate()
 import habana_frameworks.torch as htorch  # noqa: E402
@@ -148,3 +147,19 @@ def test_hccl_and_hpu_backend_are_registered():
     assert "hccl" in dist.Backend.backend_list
     fn = torch.compile(lambda a: a * 2, backend="hpu_backend")
     assert torch.equal(fn(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_device_gate_logic_on_the_emulation(monkeypatch, capsys):
+    """The card gate's own logic: it passes on the emulation and fails when an assumption is dropped."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "device_gate", device.__file__.replace("hpu_emulation/device.py", "device_gate.py")
+    )
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    assert gate.main(["--emulated"]) == 0
+    assert gate.main([]) == 2  # the emulation is not a card: nothing checked
+    monkeypatch.setattr(device, "_wrap_negative", lambda index, size: index)
+    assert gate.main(["--emulated"]) == 1
+    assert '"index_select": "raised' in capsys.readouterr().out

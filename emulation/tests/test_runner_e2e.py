@@ -39,7 +39,7 @@ class Reference:
 
     def check(self, got: list[list[int]]) -> None:
         compared = 0
-        for tokens, gaps, out in zip(self.tokens, self.gaps, got):
+        for tokens, gaps, out in zip(self.tokens, self.gaps, got, strict=True):
             n = next((i for i, g in enumerate(gaps) if g < TIE), len(gaps))
             assert out[:n] == tokens[:n], (out, tokens, gaps)
             compared += n
@@ -134,7 +134,11 @@ def test_chunked_prefill_equals_transformers(tree, models, reference):
     prompt = [(i * 37 + 11) % 250 for i in range(300)]
     ref = reference_of(models["deepseek_v2"], [prompt], new_tokens=4)
     proc, result = serve(
-        tree, models["deepseek_v2"], lazy=True, prompts=[prompt], tokens=4,
+        tree,
+        models["deepseek_v2"],
+        lazy=True,
+        prompts=[prompt],
+        tokens=4,
         engine_args=["max_model_len=512", "max_num_batched_tokens=128", "enable_chunked_prefill=true"],
     )
     assert result is not None, proc.stderr[-4000:]
@@ -155,7 +159,9 @@ moe._moe = _shifted
 """
 
 
-@pytest.mark.parametrize("name,fault", [("llama", NO_WRAP), ("deepseek_v2", MOE_OFF_BY_ONE)], ids=["no-wrap", "moe-shift"])
+@pytest.mark.parametrize(
+    "name,fault", [("llama", NO_WRAP), ("deepseek_v2", MOE_OFF_BY_ONE)], ids=["no-wrap", "moe-shift"]
+)
 def test_negative_controls_fail(tree, models, reference, name, fault):
     """A deliberately wrong emulation must not pass: the run fails or the tokens differ."""
     proc, result = serve(tree, models[name], lazy=True, fault=fault)
