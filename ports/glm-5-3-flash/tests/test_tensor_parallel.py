@@ -319,3 +319,25 @@ def test_kda_heads_conv_and_state_split_across_ranks(ref_ckpt, monkeypatch):
         torch.testing.assert_close(ds(conv), want_conv, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert c1.reduces == 0
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])
+def test_static_expert_form_equals_the_gathered_form_on_every_rank(ref_ckpt, ep):
+    """The card's form (every local expert on every token, a dense routing matrix: no host sync)
+    against the reference form (each expert on its own tokens), rank by rank, with tokens routed to
+    other ranks' experts in the batch."""
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    make = lambda par: ParallelMoE(t, par)  # noqa: E731
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(29, t.hidden_size, generator=g)
+    ids = torch.randint(0, t.n_routed_experts, (29, t.num_experts_per_tok), generator=g)
+    weights = torch.rand(29, t.num_experts_per_tok, generator=g)
+    for r in range(TP):
+        experts = _build(make, ckpt, cfg, 1, "mlp", r, TP, ep)[0].experts
+        want = experts.forward_gather(x, weights, ids)
+        torch.testing.assert_close(experts.forward_static(x, weights, ids), want, rtol=1e-5, atol=1e-6)
+        assert want.abs().sum() > 0  # this rank's experts were reached
+        # an off-by-one in the routing matrix is seen
+        shifted = experts.forward_static(x, weights, (ids + 1) % t.n_routed_experts)
+        assert not torch.allclose(shifted, want, atol=1e-4)
