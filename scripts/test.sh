@@ -16,7 +16,7 @@ rc=$?
 rce=$?
 [ "$rce" -eq 5 ] && { echo "!!! emulation: pytest collected no tests"; rce=0; }
 if [ -x .venv-cpu/bin/python ]; then
-  .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs emulation/tests/test_runner_e2e.py
+  .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs emulation/tests/test_runner_e2e.py emulation/tests/test_runner_server.py
   rcr=$?
   [ "$rcr" -eq 5 ] && { echo "!!! emulation runner: pytest collected no tests"; rcr=0; }
 else
