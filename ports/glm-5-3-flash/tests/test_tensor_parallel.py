@@ -341,3 +341,66 @@ def test_static_expert_form_equals_the_gathered_form_on_every_rank(ref_ckpt, ep)
         # an off-by-one in the routing matrix is seen
         shifted = experts.forward_static(x, weights, (ids + 1) % t.n_routed_experts)
         assert not torch.allclose(shifted, want, atol=1e-4)
+
+
+def _run_kda_gaudi(layer, x_padded, monkeypatch, lengths, L, state=None, is_prompt=True, init=None):
+    """The same core on vllm-gaudi's contract: one metadata object, requests padded to ``L`` tokens,
+    a 2-D state index tensor picked by the layer's cache group, a padded request on slot -1."""
+    import glm5_next_hpu.vllm.model as model
+
+    conv_shape, rec_shape = layer.get_state_shape()
+    n = len(lengths)
+    if state is None:  # n request slots and the spare last row that padded requests write to
+        state = (torch.zeros(n + 1, *conv_shape), torch.zeros(n + 1, *rec_shape))
+    layer.kv_cache = state
+    layer.cache_group_idx = torch.tensor([1])
+    rows = torch.tensor([[5] * (n + 1), list(range(n)) + [-1]])  # group 1 is this layer's
+    mask = torch.zeros(n + 1, L)
+    for i, k in enumerate(lengths):
+        mask[i, :k] = 1
+    md = SimpleNamespace(is_prompt=is_prompt, load_indices_tensor=rows, store_indices_tensor=rows,
+                         padding_mask_flat=mask.view(-1, 1) if is_prompt else None,
+                         has_initial_states_p=init if is_prompt else None)
+    ctx = SimpleNamespace(no_compile_layers={layer.prefix: layer}, attn_metadata=md)
+    monkeypatch.setattr(model, "get_forward_context", lambda: ctx)
+    with torch.no_grad():
+        out = layer(x_padded)
+    return out, layer.kv_cache
+
+
+@needs_vllm
+def test_kda_on_vllm_gaudis_contract_equals_vllms(ref_ckpt, monkeypatch):
+    """The real KDA layer: prefill of two requests and a decode step on vllm-gaudi's padded,
+    one-object metadata give vLLM's outputs and states (the state slots, the conv tail before the
+    padding, a padded request that leaves every real slot alone)."""
+    ckpt, cfg = ref_ckpt
+    layer = _build(lambda par: _kda(cfg, par), ckpt, cfg, 2, "self_attn")[0]
+    lengths, L = [13, 8], 16
+    x = torch.randn(21, cfg.text_config.hidden_size, generator=torch.Generator().manual_seed(6))
+    want, conv1, rec1 = _run_kda(layer, x, monkeypatch, lengths)
+    xp = torch.zeros(3 * L, x.shape[1])
+    xp[0:13], xp[L : L + 8] = x[:13], x[13:]
+    xp[2 * L :] = torch.randn(L, x.shape[1])  # the padded request's rows: must not leak
+    got, (conv, rec) = _run_kda_gaudi(layer, xp, monkeypatch, lengths, L, init=torch.zeros(3, dtype=torch.int32))
+    torch.testing.assert_close(got[0:13], want[:13], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[L : L + 8], want[13:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rec[:2], rec1, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(conv[:2], conv1, rtol=1e-5, atol=1e-6)
+    # a decode step from those states, vLLM's contract against vllm-gaudi's
+    import glm5_next_hpu.vllm.model as model
+
+    t1 = torch.randn(2, x.shape[1], generator=torch.Generator().manual_seed(7))
+    layer.kv_cache = (conv1.clone(), rec1.clone())
+    md = SimpleNamespace(num_actual_tokens=2, num_spec_decodes=0, non_spec_query_start_loc=torch.tensor([0, 1, 2]),
+                         non_spec_state_indices_tensor=torch.arange(2), num_decodes=2, num_prefills=0,
+                         has_initial_state=None)
+    monkeypatch.setattr(model, "get_forward_context",
+                        lambda: SimpleNamespace(no_compile_layers={layer.prefix: layer}, attn_metadata={layer.prefix: md}))
+    with torch.no_grad():
+        want_d = layer(t1)
+    rec_d = layer.kv_cache[1].clone()
+    state = (torch.cat([conv1, torch.zeros_like(conv1[:1])]), torch.cat([rec1, torch.zeros_like(rec1[:1])]))
+    td = torch.cat([t1, torch.randn(1, x.shape[1])])
+    got_d, (_, rec_g) = _run_kda_gaudi(layer, td, monkeypatch, [1, 1], 1, state=state, is_prompt=False)
+    torch.testing.assert_close(got_d[:2], want_d, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rec_g[:2], rec_d, rtol=1e-5, atol=1e-6)
