@@ -24,6 +24,21 @@ class Reference:
             f"only {sum(lengths)} of {total} tokens before a near-tie (< {tie}): pick other prompts"
         )
 
+    def check_divergence(self, got: list[list[int]], tie: float, min_fraction: float = 0.75) -> None:
+        """Each output may part from the reference only at a step where the reference had a
+        near-tie (top two logits within ``tie``); the equal prefixes must cover ``min_fraction``."""
+        equal = 0
+        for tokens, gaps, out in zip(self.tokens, self.gaps, got, strict=True):
+            split = next((i for i, (a, b) in enumerate(zip(out, tokens, strict=True)) if a != b), None)
+            if split is not None:
+                assert gaps[split] < tie, (
+                    f"parted from the reference at step {split} where its top-2 gap is {gaps[split]:.4f} "
+                    f"(not a near-tie < {tie}): {out} vs {tokens}"
+                )
+            equal += len(tokens) if split is None else split
+        total = sum(len(t) for t in self.tokens)
+        assert equal >= min_fraction * total, f"only {equal} of {total} tokens equal before parting"
+
 
 def greedy_reference(model, prompts: list[list[int]], new_tokens: int, forward=None) -> Reference:
     """``model``'s greedy tokens for each prompt alone, and at each step the gap between its top two
