@@ -84,4 +84,14 @@ def qwen3_next(dest: Path, dtype_name: str = "bfloat16") -> Path:
         max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=VOCAB - 1, bos_token_id=0,
         dtype=dtype_name,
     )
-    return _save(Qwen3NextForCausalLM(cfg), Path(dest), getattr(torch, dtype_name))
+    model = Qwen3NextForCausalLM(cfg)
+    # transformers' init (A = U(0, 16), dt_bias = 1) decays the delta-net state by e^-10 a token: the
+    # state would carry nothing across a chunk boundary and tests of its hand-over could not fail.
+    # A slow decay (A in [0.02, 0.2], a half-life of ~5-50 tokens) makes the carried state count.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                heads = layer.linear_attn.A_log.numel()
+                layer.linear_attn.A_log.copy_(torch.linspace(0.02, 0.2, heads).log())
+                layer.linear_attn.dt_bias.zero_()
+    return _save(model, Path(dest), getattr(torch, dtype_name))
