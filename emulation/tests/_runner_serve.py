@@ -94,11 +94,12 @@ def reference_of(path, prompts, new_tokens=NEW_TOKENS) -> Reference:
     return Reference(tokens, gaps)
 
 
-def serve(tree, model, prompts, *, runtime_dir, tokens=NEW_TOKENS, alone=True, lazy=False, engine=None, probe_gdn=False, timeout=600):
+def serve(tree, model, prompts, *, runtime_dir, tokens=NEW_TOKENS, alone=True, lazy=False, engine=None, probe_gdn=False, probe_workers=False,
+          timeout=600):
     """Run the engine in a child process; returns (completed process, result dict or None, seconds)."""
     spec = dict(
         tree=str(tree), model=str(model), prompts=prompts, tokens=tokens, alone=alone, lazy=lazy,
-        runtime=str(runtime_dir), engine=engine or {}, probe_gdn=probe_gdn,
+        runtime=str(runtime_dir), engine=engine or {}, probe_gdn=probe_gdn, probe_workers=probe_workers,
     )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(EMULATION)] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -137,6 +138,23 @@ def _probe_gdn() -> list[dict]:
 
     qwen3_5.HPUGatedDeltaNetAttention._extract_metadata = extract
     return calls
+
+
+def _worker_facts(worker) -> dict:
+    """Run in each worker (``LLM.collective_rpc``): its process group and its weight shards."""
+    import os
+
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+
+    params = dict(worker.model_runner.model.named_parameters())
+    shards = {n: list(p.shape) for n, p in params.items() if n.endswith(("embed_tokens.weight", "layers.0.mlp.down_proj.weight", "o_proj.weight"))}
+    tp = get_tp_group()
+    return dict(
+        pid=os.getpid(), rank=dist.get_rank(), world=dist.get_world_size(), backend=str(dist.get_backend()),
+        tp_rank=tp.rank_in_group, tp_size=tp.world_size, device_group_backend=str(dist.get_backend(tp.device_group)),
+        devices=sorted({str(p.device) for p in params.values()}), shards=shards,
+    )
 
 
 def _drop_gdn_initial_state() -> None:
@@ -186,6 +204,8 @@ def _main(spec: dict) -> None:
         result["alone"] = [run([p])[0] for p in spec["prompts"]]
     if probe is not None:
         result["gdn_calls"] = probe
+    if spec.get("probe_workers"):
+        result["workers"] = llm.collective_rpc(_worker_facts)
     print(RESULT + json.dumps(result), flush=True)
     os._exit(0)  # skip the executor's slow worker shutdown; the workers exit with their parent
 
