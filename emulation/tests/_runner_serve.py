@@ -94,12 +94,32 @@ def reference_of(path, prompts, new_tokens=NEW_TOKENS) -> Reference:
     return Reference(tokens, gaps)
 
 
-def serve(tree, model, prompts, *, runtime_dir, tokens=NEW_TOKENS, alone=True, lazy=False, engine=None, probe_gdn=False, probe_workers=False,
-          timeout=600):
+def serve(
+    tree,
+    model,
+    prompts,
+    *,
+    runtime_dir,
+    tokens=NEW_TOKENS,
+    alone=True,
+    lazy=False,
+    engine=None,
+    probe_gdn=False,
+    probe_workers=False,
+    timeout=600,
+):
     """Run the engine in a child process; returns (completed process, result dict or None, seconds)."""
     spec = dict(
-        tree=str(tree), model=str(model), prompts=prompts, tokens=tokens, alone=alone, lazy=lazy,
-        runtime=str(runtime_dir), engine=engine or {}, probe_gdn=probe_gdn, probe_workers=probe_workers,
+        tree=str(tree),
+        model=str(model),
+        prompts=prompts,
+        tokens=tokens,
+        alone=alone,
+        lazy=lazy,
+        runtime=str(runtime_dir),
+        engine=engine or {},
+        probe_gdn=probe_gdn,
+        probe_workers=probe_workers,
     )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(EMULATION)] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -130,10 +150,15 @@ def _probe_gdn() -> list[dict]:
         out = original(self, num_tokens)
         is_prompt, _conv, _ssm, state_indices, query_start_loc, has_initial_state = out[:6]
         if _conv is not None:
-            calls.append(dict(
-                prompt=is_prompt, tokens=num_tokens, state_indices=host(state_indices),
-                has_initial_state=host(has_initial_state), query_start_loc=host(query_start_loc),
-            ))
+            calls.append(
+                dict(
+                    prompt=is_prompt,
+                    tokens=num_tokens,
+                    state_indices=host(state_indices),
+                    has_initial_state=host(has_initial_state),
+                    query_start_loc=host(query_start_loc),
+                )
+            )
         return out
 
     qwen3_5.HPUGatedDeltaNetAttention._extract_metadata = extract
@@ -148,12 +173,22 @@ def _worker_facts(worker) -> dict:
     from vllm.distributed import get_tp_group
 
     params = dict(worker.model_runner.model.named_parameters())
-    shards = {n: list(p.shape) for n, p in params.items() if n.endswith(("embed_tokens.weight", "layers.0.mlp.down_proj.weight", "o_proj.weight"))}
+    shards = {
+        n: list(p.shape)
+        for n, p in params.items()
+        if n.endswith(("embed_tokens.weight", "layers.0.mlp.down_proj.weight", "o_proj.weight"))
+    }
     tp = get_tp_group()
     return dict(
-        pid=os.getpid(), rank=dist.get_rank(), world=dist.get_world_size(), backend=str(dist.get_backend()),
-        tp_rank=tp.rank_in_group, tp_size=tp.world_size, device_group_backend=str(dist.get_backend(tp.device_group)),
-        devices=sorted({str(p.device) for p in params.values()}), shards=shards,
+        pid=os.getpid(),
+        rank=dist.get_rank(),
+        world=dist.get_world_size(),
+        backend=str(dist.get_backend()),
+        tp_rank=tp.rank_in_group,
+        tp_size=tp.world_size,
+        device_group_backend=str(dist.get_backend(tp.device_group)),
+        devices=sorted({str(p.device) for p in params.values()}),
+        shards=shards,
     )
 
 
@@ -185,8 +220,14 @@ def _main(spec: dict) -> None:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     engine = dict(
-        dtype="bfloat16", max_model_len=256, max_num_seqs=4, block_size=128, gpu_memory_utilization=0.5,
-        num_gpu_blocks_override=16, max_num_batched_tokens=256, enforce_eager=not spec["lazy"],
+        dtype="bfloat16",
+        max_model_len=256,
+        max_num_seqs=4,
+        block_size=128,
+        gpu_memory_utilization=0.5,
+        num_gpu_blocks_override=16,
+        max_num_batched_tokens=256,
+        enforce_eager=not spec["lazy"],
     )
     engine.update(spec["engine"])
     if os.environ.get("RUNNER_SERVE_FAULT") == "drop_initial_state":

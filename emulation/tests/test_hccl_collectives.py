@@ -57,10 +57,18 @@ def _env():
 
 def test_hccl_collectives_on_card_tensors_in_two_processes(tmp_path):
     store = str(tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), store], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=_env()) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(r), store],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
-    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+    for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0 and f"OK {r}" in out, err[-3000:]
 
 

@@ -104,8 +104,9 @@ def test_negative_control_dropped_initial_state_fails(tree, model, tmp_path, mon
     ref = rs.reference_of(model, prompts, new_tokens=4)
     engine = {"max_model_len": 512, "max_num_batched_tokens": 128, "enable_chunked_prefill": True}
     monkeypatch.setenv("RUNNER_SERVE_FAULT", "drop_initial_state")
-    proc, result, seconds = rs.serve(tree, model, prompts, runtime_dir=tmp_path / "rt", tokens=4, alone=False,
-                                     engine=engine)
+    proc, result, seconds = rs.serve(
+        tree, model, prompts, runtime_dir=tmp_path / "rt", tokens=4, alone=False, engine=engine
+    )
     print(f"engine process {seconds:.1f} s")
     assert result is not None, proc.stderr[-6000:]  # the fault runs; only the tokens may tell
     with pytest.raises(AssertionError):

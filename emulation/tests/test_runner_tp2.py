@@ -28,10 +28,18 @@ from hpu_harness import tiny_models  # noqa: E402
 
 # Per model, prompts whose reference greedy steps have no near-tie (smallest top-2 gap >= 0.094).
 PROMPTS = {
-    "llama": [[33, 183, 79, 99, 191, 106, 212, 166, 20, 0, 152, 49], [239, 173, 5],
-              [230, 37, 79, 25, 186, 18, 230, 217, 175, 84, 120, 143], [229, 179, 236, 212]],
-    "deepseek_v2": [[33, 183, 79, 99, 191, 106, 212, 166, 20, 0, 152, 49], [194, 227, 107, 10, 66, 247, 130, 124, 103],
-                    [21, 83, 156, 29, 124, 150, 161, 85], [90, 111, 80, 156]],
+    "llama": [
+        [33, 183, 79, 99, 191, 106, 212, 166, 20, 0, 152, 49],
+        [239, 173, 5],
+        [230, 37, 79, 25, 186, 18, 230, 217, 175, 84, 120, 143],
+        [229, 179, 236, 212],
+    ],
+    "deepseek_v2": [
+        [33, 183, 79, 99, 191, 106, 212, 166, 20, 0, 152, 49],
+        [194, 227, 107, 10, 66, 247, 130, 124, 103],
+        [21, 83, 156, 29, 124, 150, 161, 85],
+        [90, 111, 80, 156],
+    ],
 }
 BUILDERS = {"llama": tiny_models.llama, "deepseek_v2": tiny_models.deepseek_v2}
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
@@ -49,8 +57,9 @@ def tree(tmp_path_factory):
 def test_tp2_greedy_tokens_equal_transformers(tree, tmp_path, name):
     model = BUILDERS[name](tmp_path / name)
     reference = rs.reference_of(model, PROMPTS[name])
-    proc, result, seconds = rs.serve(tree, model, PROMPTS[name], runtime_dir=tmp_path / "rt", engine=TP2,
-                                     probe_workers=True)
+    proc, result, seconds = rs.serve(
+        tree, model, PROMPTS[name], runtime_dir=tmp_path / "rt", engine=TP2, probe_workers=True
+    )
     print(f"engine process (and its 2 workers) {seconds:.1f} s")
     print(result.get("workers"))
     assert result is not None, proc.stderr[-6000:]
