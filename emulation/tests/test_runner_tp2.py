@@ -41,7 +41,13 @@ PROMPTS = {
         [90, 111, 80, 156],
     ],
 }
-BUILDERS = {"llama": tiny_models.llama, "deepseek_v2": tiny_models.deepseek_v2}
+PROMPTS["qwen3_next"] = [
+    [23, 184, 215],
+    [183, 31, 122, 53, 186],
+    [40, 61, 57, 163, 114, 96, 181, 224],
+    [229, 179, 236, 212],
+]
+BUILDERS = {"llama": tiny_models.llama, "deepseek_v2": tiny_models.deepseek_v2, "qwen3_next": tiny_models.qwen3_next}
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
 
 
@@ -53,7 +59,9 @@ def tree(tmp_path_factory):
     return got
 
 
-@pytest.mark.parametrize("name", ["llama", "deepseek_v2"])
+# qwen3_next: the gated delta-net's heads (2 key, 4 value) split over the two workers, each with
+# its own GDN state slots; the full-attention layer's single KV head is replicated.
+@pytest.mark.parametrize("name", ["llama", "deepseek_v2", "qwen3_next"])
 def test_tp2_greedy_tokens_equal_transformers(tree, tmp_path, name):
     model = BUILDERS[name](tmp_path / name)
     reference = rs.reference_of(model, PROMPTS[name])
