@@ -44,6 +44,10 @@ def _is_hpu_device(dev: Any) -> bool:
         return dev.type == "hpu"
     if isinstance(dev, str):
         return dev.split(":")[0] == "hpu"
+    # A bare index names a card of the current accelerator (at::getAccelerator detects HPU on a
+    # Gaudi host; vLLM's platform passes torch.hpu.current_device(), an int, as ``device=``).
+    if isinstance(dev, int) and not isinstance(dev, bool):
+        return True
     return False
 
 

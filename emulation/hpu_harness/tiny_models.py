@@ -97,3 +97,32 @@ def deepseek_v2(dest: Path, dtype_name: str = "bfloat16") -> Path:
         rope_scaling=None,
     )
     return _save(DeepseekV2ForCausalLM(cfg), Path(dest), getattr(torch, dtype_name))
+
+
+def qwen3_next(dest: Path, dtype_name: str = "bfloat16") -> Path:
+    """Qwen3-Next hybrid: a gated delta-net (linear attention) layer, then a gated full-attention
+    layer; every layer's MLP is a sparse MoE (4 routed experts, top 2, a gated shared expert)."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, linear_conv_kernel_dim=4, linear_key_head_dim=32,
+        linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, decoder_sparse_step=1,
+        moe_intermediate_size=64, shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True, mlp_only_layers=[], layer_types=["linear_attention", "full_attention"],
+        max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=VOCAB - 1, bos_token_id=0,
+        dtype=dtype_name,
+    )
+    model = Qwen3NextForCausalLM(cfg)
+    # transformers' init (A = U(0, 16), dt_bias = 1) decays the delta-net state by e^-10 a token: the
+    # state would carry nothing across a chunk boundary and tests of its hand-over could not fail.
+    # A slow decay (A in [0.02, 0.2], a half-life of ~5-50 tokens) makes the carried state count.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                heads = layer.linear_attn.A_log.numel()
+                layer.linear_attn.A_log.copy_(torch.linspace(0.02, 0.2, heads).log())
+                layer.linear_attn.dt_bias.zero_()
+    return _save(model, Path(dest), getattr(torch, dtype_name))
