@@ -488,6 +488,23 @@ class Glm5NextDecoderLayer(nn.Module):
             iters=config.hc_sinkhorn_iters,
             tpc_order=switches.mhc_sinkhorn == "kernel",
         )
+        self.layer_idx, self.num_layers = layer_idx, config.num_hidden_layers
+        self.decode_layer_group = min(switches.decode_layer_group, config.num_hidden_layers)
+
+    @property
+    def hpu_mark_step(self) -> bool:
+        """Whether vllm-gaudi's per-layer hook ends a lazy-mode graph after this layer (read by the
+        port's decode-layer-group patch at each forward): always in prefill, whose long chunks stay
+        cut per layer; in decode after every ``decode_layer_group``-th layer and after the last
+        (GLM5_NEXT_DECODE_LAYER_GROUP=45: one graph per decode step)."""
+        try:
+            md = get_forward_context().attn_metadata
+        except AssertionError:  # no forward context: outside the runner's step
+            return True
+        if md is None or isinstance(md, dict) or getattr(md, "is_prompt", True):
+            return True
+        last = self.layer_idx + 1
+        return last % self.decode_layer_group == 0 or last == self.num_layers
 
     def forward(self, positions: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """X [1, T, N, D] streams."""
@@ -581,7 +598,6 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         if self.switches.vision and vision_cfg is not None:
             self.model.visual = VisionModel(vision_cfg)
         self.lm_head = LMHead(text.vocab_size, text.hidden_size, self.par)
-        self.decode_layer_group = min(self.switches.decode_layer_group, text.num_hidden_layers)  # HPU lazy-mode grouping
 
     # --- vLLM model interface (embed_input_ids: SupportsMultiModal's, which merges image embeddings)
     def forward(

@@ -58,27 +58,41 @@ def ckpt(tmp_path_factory):
     return path, ref
 
 
-def test_served_by_vllm_gaudi_runner_equal_to_transformers(tree, ckpt, monkeypatch):
-    path, ref = ckpt
-    prompts = ck.prompt_ids(4)
-    # loaded as transformers loads the release in bf16 (its keep-in-fp32 modules stay fp32)
-    bf16 = type(ref).from_pretrained(path, dtype=torch.bfloat16).eval()
-    reference = greedy_reference(bf16, prompts, NEW_TOKENS)
+def _serve(tree, path, prompts, monkeypatch, **switches):
     monkeypatch.setenv("GLM5_NEXT_MHC_SINKHORN", "torch")
+    for name, value in switches.items():
+        monkeypatch.setenv(name, str(value))
     args = ["--tree", str(tree), "--model", str(path), "--prompts", json.dumps(prompts), "--alone", "--lazy"]
     args += ["--max-tokens", str(NEW_TOKENS), "--plugin", PLUGIN, "--path", str(PORT)]
     for item in ("dtype=bfloat16", "mamba_ssm_cache_dtype=float32", "enable_prefix_caching=false"):
         args += ["--engine-arg", item]
     proc, result = generate.run(args)
     assert result is not None, proc.stderr[-6000:]
+    return result
+
+
+def test_served_by_vllm_gaudi_runner_equal_to_transformers(tree, ckpt, monkeypatch):
+    path, ref = ckpt
+    prompts = ck.prompt_ids(4)
+    # loaded as transformers loads the release in bf16 (its keep-in-fp32 modules stay fp32)
+    bf16 = type(ref).from_pretrained(path, dtype=torch.bfloat16).eval()
+    reference = greedy_reference(bf16, prompts, NEW_TOKENS)
+    result = _serve(tree, path, prompts, monkeypatch)  # GLM5_NEXT_DECODE_LAYER_GROUP unset: 45
     assert result["backend"] == "HPUMLAAttentionBackend"
     reference.check_divergence(result["batched"], TIE)
     reference.check_divergence(result["alone"], TIE)
-    steps = [s for s in result["steps"] if "warmup" not in s["label"]]
     n_layers = ref.config.text_config.num_hidden_layers
+    steps = [s for s in result["steps"] if "warmup" not in s["label"]]
     for step in steps:
-        # one mark_step per decoder layer (vllm-gaudi's modify_model_layers), one graph call per step,
-        # and nothing read back to the host inside it (the static MoE form, the KDA contract)
-        assert step["marks"] == n_layers and step["graph_calls"] == 1, step["label"]
+        # prefill: one mark per decoder layer; decode: the default group (45, all 4 layers here) is
+        # one graph per step, the mark after the last layer (the decode-layer-group patch and the
+        # layers' hpu_mark_step); one graph call per step, nothing read back to the host inside it
+        want_marks = n_layers if step["label"].startswith("prefill") else 1
+        assert step["marks"] == want_marks and step["graph_calls"] == 1, step
         assert step["syncs_in_graph"] == [], (step["label"], step["syncs_in_graph"])
     assert result["memory"]["kv_cache"] > 0 and result["memory"]["weights"] > 0
+    # the reference value of the switch (one graph per layer): more marks, the same tokens
+    per_layer = _serve(tree, path, prompts, monkeypatch, GLM5_NEXT_DECODE_LAYER_GROUP=1)
+    assert per_layer["batched"] == result["batched"] and per_layer["alone"] == result["alone"]
+    decode = [s for s in per_layer["steps"] if s["label"].startswith("decode")]
+    assert decode and all(s["marks"] == n_layers for s in decode)
