@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from glm5_next_hpu.layers.moe import MoE, Router
 from glm5_next_hpu.vllm.loader import load_checkpoint
 from glm5_next_hpu.vllm.parallel import Parallel, ParallelMoE
@@ -45,7 +44,11 @@ def _under(module: torch.nn.Module) -> torch.nn.Module:
 @pytest.mark.parametrize("build", ["router", "moe", "parallel_moe"])
 def test_bias_is_fp32_after_build_under_bf16(ref_ckpt, bf16_default, build):
     t = ref_ckpt[1].text_config
-    module = {"router": lambda: Router(t), "moe": lambda: MoE(t).gate, "parallel_moe": lambda: ParallelMoE(t, Parallel()).gate}[build]()
+    module = {
+        "router": lambda: Router(t),
+        "moe": lambda: MoE(t).gate,
+        "parallel_moe": lambda: ParallelMoE(t, Parallel()).gate,
+    }[build]()
     assert module.e_score_correction_bias.dtype == torch.float32
     assert module.weight.dtype == torch.bfloat16  # the router weight follows the model dtype, as in transformers
 
