@@ -319,8 +319,9 @@ def plan(recipe: Path, experts: str = "fp8", model_dir: Path | None = None, card
     kwargs, switches = recipe_args(recipe)
     for name, value in switches.items():
         os.environ[name] = value  # the recipe's switches (GLM5_NEXT_VISION builds the tower)
-    import glm5_next_hpu
     from vllm.engine.arg_utils import EngineArgs
+
+    import glm5_next_hpu
 
     from .release_config import write_release_config
 

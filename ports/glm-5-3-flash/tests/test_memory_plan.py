@@ -25,7 +25,7 @@ GIB = 2**30
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not importable here (run under .venv-cpu)")
 
 # The real model (transformers 5.23.0 defaults): 42 MoE layers, 288 experts of 2048, hidden 4096.
-MOE_LAYERS, EXPERTS, D, I, TP = 42, 288, 4096, 2048, 8
+MOE_LAYERS, EXPERTS, D, INTER, TP = 42, 288, 4096, 2048, 8
 
 
 def run_plan(*args: str) -> tuple[int, str, dict[str, int]]:
@@ -51,7 +51,7 @@ def test_seed_recipe_fits_with_fp8_experts(fp8_plan):
     assert "KV block 640 tokens x 1280 blocks = 819,200 tokens" in out
     assert "verdict: FITS" in out
     # 36 whole experts per rank (EP 8) in each of 42 MoE layers: w13 [4096, 4096] and w2 [4096, 2048] in block FP8.
-    assert rows["routed experts (fp8)"] == MOE_LAYERS * (EXPERTS // TP) * (fp8(2 * I, D) + fp8(D, I))
+    assert rows["routed experts (fp8)"] == MOE_LAYERS * (EXPERTS // TP) * (fp8(2 * INTER, D) + fp8(D, INTER))
     # vllm-gaudi's hybrid path: per MLA layer a key and a value tensor of (1280 * 640/128 + 1) * 128 rows x 512, bf16.
     per_layer = (1280 * 640 // 128 + 1) * 128 * 512 * 2
     assert rows["MLA latent cache (read)"] == rows["MLA value cache (allocated, never read)"] == 11 * per_layer
@@ -72,7 +72,7 @@ def test_bf16_experts_do_not_fit(fp8_plan):
     rc, out, rows = run_plan("--experts", "bf16")
     assert rc == 1, out
     assert "verdict: DOES NOT FIT" in out
-    assert rows["routed experts (bf16)"] == MOE_LAYERS * (EXPERTS // TP) * (2 * I * D + D * I) * 2
+    assert rows["routed experts (bf16)"] == MOE_LAYERS * (EXPERTS // TP) * (2 * INTER * D + D * INTER) * 2
     assert rows["routed experts (bf16)"] / GIB > 70
     assert rows["activation and graph headroom left"] < 0
     # Everything but the experts is the same plan.
