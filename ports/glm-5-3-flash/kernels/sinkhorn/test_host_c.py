@@ -89,9 +89,8 @@ def test_the_reference_loop_is_not_the_kernel(kernel):
 
 @pytest.mark.parametrize("tpc_order, calls", [(True, 1), (False, 0)], ids=["kernel", "torch"])
 def test_the_switch_calls_the_op(tpc_order, calls):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from glm5_next_hpu.mhc import hc_pre
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Calls(TorchDispatchMode):
         n = 0
