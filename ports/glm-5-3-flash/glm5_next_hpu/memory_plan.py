@@ -283,6 +283,10 @@ def kv_bytes(model, vllm_config, max_num_seqs: int) -> tuple[dict[str, int], int
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec
 
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    # vllm-gaudi takes its hybrid path (VLLM_USE_HYBRID_CACHE=1, compact GDN state) when vLLM counts
+    # linear_attention layers (HPUModelRunner.__init__, num_gdn); the bytes below are that path's.
+    if mc.get_num_layers_by_block_type(pc, "linear_attention") == 0:
+        raise PlanError("vLLM counts no linear_attention layer: vllm-gaudi would not take its hybrid path")
     cc.block_size, cc.mamba_page_size_padded = HPU_KERNEL_BLOCK, None  # vllm-gaudi's default block
     Platform._align_hybrid_block_size(vllm_config, _HpuKernelBlocks)
     kv_dtype = mc.dtype if cc.cache_dtype == "auto" else getattr(torch, cc.cache_dtype)
@@ -361,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--card", choices=sorted(CARDS), default="gaudi2")
     ap.add_argument("--rank", type=int, default=0, help="the TP rank to plan (every rank has the same sizes)")
     ns = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the plan on stdout, not vLLM's start-up log
     try:
         p = plan(ns.recipe, ns.experts, ns.model, ns.card, ns.rank)
     except (PlanError, FileNotFoundError) as exc:
