@@ -63,7 +63,8 @@ FP8_BLOCK = 128
 # Modules the port builds with vLLM's quantization method on HPU (parallel.make_linear), by
 # checkpoint name; the fused q_a/kv_a projection of the HPU MLA path stays in the model dtype.
 FP8_LINEAR = re.compile(
-    r"\.self_attn\.(q_b_proj|kv_b_proj|o_proj)$|\.mlp\.(gate_proj|up_proj|down_proj)$|\.mlp\.shared_experts\.\w+$"
+    r"^model\.language_model\.layers\.\d+\."
+    r"(self_attn\.(q_b_proj|kv_b_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj)|mlp\.shared_experts\.\w+)$"
 )
 ROUTED = re.compile(r"\.mlp\.experts\.w(13|2)_weight$")
 
@@ -231,7 +232,9 @@ def build_rank_model(vllm_config, rank: int):
         torch.set_default_dtype(old_dtype)
 
 
-def weight_bytes(model, skipped: list[str], experts: str, dtype_bytes: int) -> dict[str, int]:
+def weight_bytes(model, skipped: list[str] | None, experts: str, dtype_bytes: int) -> dict[str, int]:
+    """Bytes at rest per component; ``skipped`` is the block-FP8 checkpoint's
+    modules_to_not_convert, None for a checkpoint without FP8 (every projection in the model dtype)."""
     from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
     out = {k: 0 for k in ("routed experts", "KDA layers", "MLA layers", "MLA W_UK_T + W_UV (vllm-gaudi)",
@@ -243,7 +246,8 @@ def weight_bytes(model, skipped: list[str], experts: str, dtype_bytes: int) -> d
         if ROUTED.search(name):
             out["routed experts"] += fp8_at_rest(shape) if experts == "fp8" else p.numel() * dtype_bytes
             continue
-        quant = FP8_LINEAR.search(module) and name.endswith(".weight") and not is_layer_skipped(module, skipped)
+        quant = (skipped is not None and FP8_LINEAR.search(module) is not None and name.endswith(".weight")
+                 and not is_layer_skipped(module, skipped))
         size = fp8_at_rest(shape) if quant else p.numel() * p.element_size()
         if module.endswith("self_attn.kv_b_proj") and name.endswith(".weight"):
             out["MLA W_UK_T + W_UV (vllm-gaudi)"] += p.numel() * dtype_bytes
@@ -343,7 +347,7 @@ def plan(recipe: Path, experts: str = "fp8", model_dir: Path | None = None, card
         raise PlanError("the checkpoint is not block FP8: --experts fp8 has no FP8 experts to keep")
     model = build_rank_model(vllm_config, rank)
     dtype_bytes = vllm_config.model_config.dtype.itemsize
-    weights = weight_bytes(model, skipped if qc else ["."], experts, dtype_bytes)
+    weights = weight_bytes(model, skipped if qc else None, experts, dtype_bytes)
     pc = vllm_config.parallel_config
     kv, block, n, accounting = kv_bytes(model, vllm_config, vllm_config.scheduler_config.max_num_seqs)
     p = Plan(card=card, card_bytes=CARDS[card], utilization=vllm_config.cache_config.gpu_memory_utilization,

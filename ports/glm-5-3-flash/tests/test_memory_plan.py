@@ -88,3 +88,31 @@ def test_a_recipe_without_tensor_parallel_size_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "glm5_next_hpu.memory_plan", "--recipe", str(bad)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2 and "no --tensor-parallel-size" in proc.stderr
+
+
+def test_at_rest_dtype_rule_on_named_parameters():
+    """Only the language model's make_linear projections are block FP8 (and not those in
+    modules_to_not_convert); the vision tower's MLP of the same name stays in the model dtype."""
+    import torch
+
+    from glm5_next_hpu.memory_plan import fp8_at_rest, weight_bytes
+
+    def lin(o, i):
+        return torch.nn.Linear(i, o, bias=False, dtype=torch.bfloat16)
+
+    root = torch.nn.Module()
+    root.model = torch.nn.Module()
+    root.model.visual = torch.nn.Module()
+    root.model.visual.mlp = torch.nn.Module()
+    root.model.visual.mlp.gate_proj = lin(256, 128)
+    root.model.language_model = torch.nn.Module()
+    layer = torch.nn.Module()
+    layer.mlp = torch.nn.Module()
+    layer.mlp.gate_proj = lin(256, 128)
+    layer.mlp.up_proj = lin(256, 128)
+    root.model.language_model.layers = torch.nn.ModuleList([layer])
+    skipped = ["model.language_model.layers.0.mlp.up_proj"]
+    got = weight_bytes(root, skipped, "fp8", 2)
+    assert got["vision tower"] == 256 * 128 * 2
+    assert got["dense MLPs"] == fp8_at_rest((256, 128)) + 256 * 128 * 2
+    assert weight_bytes(root, None, "fp8", 2)["dense MLPs"] == 2 * 256 * 128 * 2  # no FP8 checkpoint
