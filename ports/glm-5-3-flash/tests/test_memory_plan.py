@@ -94,7 +94,6 @@ def test_at_rest_dtype_rule_on_named_parameters():
     """Only the language model's make_linear projections are block FP8 (and not those in
     modules_to_not_convert); the vision tower's MLP of the same name stays in the model dtype."""
     import torch
-
     from glm5_next_hpu.memory_plan import fp8_at_rest, weight_bytes
 
     def lin(o, i):
