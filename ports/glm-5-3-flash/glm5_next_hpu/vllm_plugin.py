@@ -38,6 +38,11 @@ def register() -> None:
         if current is not None and _is_ours(current, target):
             continue  # already registered (this process called register() before)
         ModelRegistry.register_model(arch, target)
+    # A transformers without glm5_next (the stock image's 5.14.1) gets the port's config classes,
+    # before vLLM parses the checkpoint's config.json (general plugins load first).
+    from .hf_configs import register_configs
+
+    register_configs()
     from .vllm.fp8_config import register as register_fp8_reference
 
     register_fp8_reference()  # block-FP8 checkpoints on CPU: dequantized at load (see fp8_config.py)

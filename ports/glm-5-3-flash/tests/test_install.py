@@ -164,6 +164,33 @@ def test_a_tampered_tree_is_refused_and_left_as_it_was(cookbook, tree, rel):
     assert not (tree / ".fixpack" / "state.json").exists()
 
 
+def test_a_root_install_without_cookbook_serves_its_switches(cookbook, tree, tmp_path):
+    """--root with COOKBOOK unset (it defaults to the checkout install.sh is in), and the installed
+    plugin reads its switch declarations from itself: no checkout, no COOKBOOK, another cwd. The
+    Sinkhorn switch is torch, which uses no kernel: the install does not stop for the toolchain."""
+    env = dict(os.environ, PYTHON=sys.executable, GLM5_NEXT_MHC_SINKHORN="torch")
+    for name in ("PYTHONPATH", "COOKBOOK"):
+        env.pop(name, None)
+    if cookbook != REPO:  # a scratch pack with a regenerated lock must be named
+        env["COOKBOOK"] = str(cookbook)
+    proc = subprocess.run(["bash", str(INSTALL), "--root", str(tree)], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "port glm-5-3-flash installed" in proc.stdout
+    if not toolchain_present():
+        assert "no TPC toolchain: skipping the Sinkhorn kernel" in proc.stdout
+    assert (tree / "glm5_next_hpu" / "port.yaml").read_bytes() == (PORT_DIR / "port.yaml").read_bytes()
+    code = (
+        "import glm5_next_hpu.switches as s; print(s.port_yaml()); "
+        "print(s.read_switches({'GLM5_NEXT_MHC_SINKHORN': 'torch'}))"
+    )
+    serve_env = {k: v for k, v in os.environ.items() if k not in ("COOKBOOK", "PYTHONPATH")}
+    serve_env["PYTHONPATH"] = str(tree)
+    read = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=serve_env, cwd=tmp_path)
+    assert read.returncode == 0, read.stderr[-2000:]
+    assert read.stdout.splitlines()[0] == str(tree / "glm5_next_hpu" / "port.yaml")
+    assert "mhc_sinkhorn='torch'" in read.stdout and "decode_layer_group=45" in read.stdout
+
+
 def test_kernel_required_without_toolchain_stops_before_any_change(cookbook, tree):
     if toolchain_present():
         pytest.skip("a TPC toolchain is present here; the refusal path cannot be shown")

@@ -28,7 +28,11 @@ class Router(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(config.n_routed_experts, config.hidden_size))
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(config.n_routed_experts), requires_grad=False)
+        # fp32 whatever the default dtype (transformers' _keep_in_fp32_modules_strict): the bias
+        # only reorders near-tied sigmoid scores, and bf16 (8 bits of mantissa) merges such ties.
+        self.e_score_correction_bias = nn.Parameter(
+            torch.zeros(config.n_routed_experts, dtype=torch.float32), requires_grad=False
+        )
         self.top_k = config.num_experts_per_tok
         self.n_group, self.topk_group = config.n_group, config.topk_group
         self.norm_topk_prob = config.norm_topk_prob

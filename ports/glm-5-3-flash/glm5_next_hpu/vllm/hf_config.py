@@ -88,6 +88,29 @@ TOP_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "tie_word_embeddings": ((bool,), False),
 }
 
+#: Glm5NextVisionConfig's 18 declared fields (transformers 5.23.0 defaults). out_hidden_size must
+#: equal the text hidden_size for images to merge (the default 1536 cannot; the release differs).
+VISION_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
+    "depth": ((int,), 24),
+    "hidden_size": ((int,), 1024),
+    "hidden_act": ((str,), "silu"),
+    "attention_bias": ((bool,), True),
+    "attention_dropout": (_NUM, 0.0),
+    "num_heads": ((int,), 16),
+    "in_channels": ((int,), 3),
+    "image_size": ((int, list), 336),
+    "patch_size": ((int, list), 14),
+    "rms_norm_eps": (_NUM, 1e-05),
+    "spatial_merge_size": ((int,), 2),
+    "temporal_patch_size": ((int, list), 2),
+    "out_hidden_size": ((int,), 1536),
+    "intermediate_size": ((int,), 4096),
+    "initializer_range": (_NUM, 0.02),
+    "rope_parameters": ((dict, type(None)), None),
+    "projection_intermediate_size": ((int,), 10240),
+    "swiglu_limit": (_NUM, 10.0),
+}
+
 #: Fields the port accepts on disk without using them (transformers' generic keys, and the six
 #: attributes vLLM 0.33's glm5next reads that transformers does not declare).
 KNOWN_EXTRA = {
@@ -194,4 +217,4 @@ def check_config_json(source: str | Path | dict, tp_size: int = 1, prefix_cachin
     return text, report
 
 
-__all__ = ["ConfigCheckError", "TEXT_FIELDS", "TOP_FIELDS", "UnsupportedConfigError", "check_config_json"]
+__all__ = ["ConfigCheckError", "TEXT_FIELDS", "TOP_FIELDS", "VISION_FIELDS", "UnsupportedConfigError", "check_config_json"]
