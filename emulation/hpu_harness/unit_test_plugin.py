@@ -76,7 +76,18 @@ def _record(item_nodeid: str, when: str, outcome: str, duration: float, detail: 
     if not path:
         return
     with open(path, "a") as f:
-        f.write(json.dumps({"nodeid": item_nodeid, "when": when, "outcome": outcome, "duration": round(duration, 3), "detail": detail[:400]}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "nodeid": item_nodeid,
+                    "when": when,
+                    "outcome": outcome,
+                    "duration": round(duration, 3),
+                    "detail": detail[:400],
+                }
+            )
+            + "\n"
+        )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -119,6 +130,11 @@ def pytest_runtest_makereport(item, call):
             report.hpu_reclassified = reason
 
 
+def pytest_runtest_logstart(nodeid, location):
+    # a test that starts and never reports took its process down (or ran past the file's limit)
+    _record(nodeid, "start", "started", 0.0)
+
+
 def pytest_runtest_logreport(report):
     # one line per test: a failed/errored setup or teardown, a skipped setup, or the call
     if report.when == "call" or report.outcome != "passed":
@@ -132,7 +148,7 @@ def pytest_runtest_logreport(report):
         elif report.outcome == "failed":
             text = getattr(report, "longreprtext", "") or ""
             lines = [ln for ln in text.splitlines() if ln.startswith("E ")]
-            detail = (lines[0] if lines else text.strip().splitlines()[-1] if text.strip() else "")
+            detail = lines[0] if lines else text.strip().splitlines()[-1] if text.strip() else ""
         _record(report.nodeid, report.when, outcome, report.duration, detail)
 
 

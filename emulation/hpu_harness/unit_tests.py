@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,7 +113,9 @@ def extract_tests(info: dict, dest: Path) -> Path:
     """``tests/unit_tests`` of vllm-gaudi at the pinned commit, from the cached mirror, into ``dest``."""
     mirror, commit = info["mirror"], info["commit"]
     if not _has_commit(mirror, commit):
-        raise SetupError(f"vllm-gaudi {commit[:9]} is not in the source cache {mirror} (run scripts/setup.sh, or `fixpack sources add vllm-gaudi CLONE`)")
+        raise SetupError(
+            f"vllm-gaudi {commit[:9]} is not in the source cache {mirror} (run scripts/setup.sh, or `fixpack sources add vllm-gaudi CLONE`)"
+        )
     dest.mkdir(parents=True, exist_ok=True)
     archive = subprocess.Popen(["git", f"--git-dir={mirror}", "archive", commit, SUITE], stdout=subprocess.PIPE)
     untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, capture_output=True)
@@ -127,7 +129,9 @@ def _fixpack_python(explicit: str | None) -> str:
     for candidate in (explicit, os.environ.get("FIXPACK_PYTHON"), str(REPO / ".venv" / "bin" / "python")):
         if candidate and Path(candidate).exists():
             return candidate
-    raise SetupError("no interpreter with fixpack: pass --fixpack-python or set FIXPACK_PYTHON (scripts/setup.sh makes .venv)")
+    raise SetupError(
+        "no interpreter with fixpack: pass --fixpack-python or set FIXPACK_PYTHON (scripts/setup.sh makes .venv)"
+    )
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -141,15 +145,24 @@ def build_trees(info: dict, work: Path, fixpack_python: str) -> dict[str, Path]:
     profile = info["profile"]
     trees = {"pristine": work / "pristine", "fixed": work / "fixed"}
     for name, tree in trees.items():
-        _run([fixpack_python, "-m", "fixpack", "sources", "tree", str(tree), "--profile", profile], f"fixpack sources tree ({name})")
+        _run(
+            [fixpack_python, "-m", "fixpack", "sources", "tree", str(tree), "--profile", profile],
+            f"fixpack sources tree ({name})",
+        )
     apply = [fixpack_python, str(REPO / "apply_all.py"), "--profile", profile, "--root", str(trees["fixed"])]
     if info["base"] == "development":
         apply.append("--development-base")
     _run(apply, f"apply_all.py --profile {profile}")
     if info["imports_with"]:
         got = subprocess.run(
-            [fixpack_python, "-c", f"from fixpack import sources; print(sources.wheel_tree('vllm', {info['imports_with']!r}, 'vllm'))"],
-            cwd=REPO, capture_output=True, text=True,
+            [
+                fixpack_python,
+                "-c",
+                f"from fixpack import sources; print(sources.wheel_tree('vllm', {info['imports_with']!r}, 'vllm'))",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
         if got.returncode != 0:
             raise SetupError(f"vLLM {info['imports_with']} is not in the source cache: {got.stderr[-500:]}")
@@ -185,6 +198,8 @@ def _merge(records: list[dict]) -> tuple[dict[str, str], dict[str, str]]:
     details: dict[str, str] = {}
     for r in records:
         nodeid, outcome = r["nodeid"], r["outcome"]
+        if outcome == "started":
+            continue
         if nodeid not in tests or rank[outcome] > rank[tests[nodeid]]:
             tests[nodeid] = outcome
             if r.get("detail"):
@@ -192,13 +207,24 @@ def _merge(records: list[dict]) -> tuple[dict[str, str], dict[str, str]]:
     return tests, details
 
 
-def run_file(file: str, tree: str, env: dict[str, str], suite_root: Path, out: Path, *, file_timeout: int, test_timeout: int, python: str) -> FileRun:
+def run_file(
+    file: str,
+    tree: str,
+    env: dict[str, str],
+    suite_root: Path,
+    out: Path,
+    *,
+    file_timeout: int,
+    test_timeout: int,
+    python: str,
+    restarts: int = 4,
+) -> FileRun:
+    """pytest on one file in the tree's runtime. A test that takes its process down (a crash, or
+    the file's time limit) is recorded as an error naming that, and the file is run again without
+    the tests already done and that one, up to ``restarts`` times within the file's time limit."""
     stem = file.replace("/", "__").removesuffix(".py")
     report = out / f"{tree}--{stem}.jsonl"
-    junit = out / f"{tree}--{stem}.xml"
-    log = out / f"{tree}--{stem}.log"
-    for p in (report, junit):
-        p.unlink(missing_ok=True)
+    report.unlink(missing_ok=True)
     proc_env = dict(os.environ)
     proc_env.update(env)
     proc_env.update(
@@ -208,31 +234,83 @@ def run_file(file: str, tree: str, env: dict[str, str], suite_root: Path, out: P
         HPU_UT_TEST_TIMEOUT=str(test_timeout),
         VLLM_USE_FAKE_HPU="0",
     )
-    cmd = [python, "-m", "pytest", "-p", "hpu_harness.unit_test_plugin", "-p", "no:cacheprovider", "-q", "-rfEs",
-           f"--junitxml={junit}", file]
-    run = FileRun(file, tree, junit=str(junit))
+    run = FileRun(file, tree, junit=str(out / f"{tree}--{stem}.xml"))
     start = time.monotonic()
-    with open(log, "w") as log_f:
-        proc = subprocess.Popen(cmd, cwd=suite_root, env=proc_env, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=file_timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
+    deaths: dict[str, str] = {}
+    statuses = []
+    for attempt in range(restarts + 1):
+        done = set()
+        records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+        for r in records:
+            if r["outcome"] != "started":
+                done.add(r["nodeid"])
+        deselect = [f"--deselect={n}" for n in sorted(done | set(deaths))]
+        junit = out / f"{tree}--{stem}{'' if attempt == 0 else f'.{attempt}'}.xml"
+        log = out / f"{tree}--{stem}{'' if attempt == 0 else f'.{attempt}'}.log"
+        cmd = [
+            python,
+            "-m",
+            "pytest",
+            "-p",
+            "hpu_harness.unit_test_plugin",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rfEs",
+            f"--junitxml={junit}",
+            file,
+            *deselect,
+        ]
+        budget = file_timeout - (time.monotonic() - start)
+        if budget <= 5:
+            statuses.append(f"timeout {file_timeout}s")
+            break
+        with open(log, "w") as log_f:
+            proc = subprocess.Popen(
+                cmd, cwd=suite_root, env=proc_env, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                rc = proc.wait(timeout=budget)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = None
+        records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+        finished = {r["nodeid"] for r in records if r["outcome"] != "started"}
+        hanging = [
+            r["nodeid"]
+            for r in records
+            if r["outcome"] == "started" and r["nodeid"] not in finished and r["nodeid"] not in deaths
+        ]
+        if rc in (0, 1, 5):
+            statuses.append("ok")
+            break
+        if rc == 2 and not records:
+            statuses.append("collection error")
+            tail = [ln for ln in log.read_text().splitlines() if ln.startswith("E ")]
+            run.details[file] = tail[-1] if tail else log.read_text()[-300:]
+            break
+        how = f"timeout {file_timeout}s" if rc is None else (f"killed by signal {-rc}" if rc < 0 else f"exit {rc}")
+        statuses.append(how)
+        if not hanging:
+            break
+        for n in hanging:
+            deaths[n] = f"the test process died: {how}"
+        if rc is None:
+            break
     run.seconds = time.monotonic() - start
     records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
     run.tests, run.details = _merge(records)
-    if rc is None:
-        run.status = f"timeout {file_timeout}s"
-    elif rc in (0, 1, 5):
+    for n, why in deaths.items():
+        run.tests[n] = "error"
+        run.details[n] = why
+    bad = [s for s in statuses if s != "ok"]
+    if not bad:
         run.status = "ok"
-    elif rc == 2 and not records:
-        run.status = "collection error"
-        tail = [ln for ln in log.read_text().splitlines() if ln.startswith("E ")]
-        run.details[file] = tail[-1] if tail else log.read_text()[-300:]
     else:
-        run.status = f"exit {rc}"
+        counted = ", ".join(f"{n}x {s}" if n > 1 else s for s, n in Counter(bad).items())
+        ending = "the rest ran" if statuses[-1] == "ok" else "the rest not run"
+        run.status = f"{counted}: {len(deaths)} test(s) took the process down, {ending}" if deaths else counted
     return run
 
 
@@ -263,7 +341,12 @@ def explain(nodeid: str, pins: dict[str, tuple[str, str]]) -> tuple[str, str] | 
 
 
 def table(runs: dict[tuple[str, str], FileRun], files: list[str], trees: list[str]) -> str:
-    head = ["file"] + [f"{t} {o[:4]}" for t in trees for o in ("pass", "fail", "skip", "err")] + [f"{t} s" for t in trees] + ["note"]
+    head = (
+        ["file"]
+        + [f"{t} {o[:4]}" for t in trees for o in ("pass", "fail", "skip", "err")]
+        + [f"{t} s" for t in trees]
+        + ["note"]
+    )
     rows = [head]
     totals = {(t, o): 0 for t in trees for o in OUTCOMES}
     for f in files:
@@ -279,11 +362,20 @@ def table(runs: dict[tuple[str, str], FileRun], files: list[str], trees: list[st
         row += [f"{runs[(f, t)].seconds:.0f}" for t in trees]
         row.append("; ".join(notes))
         rows.append(row)
-    rows.append(["total"] + [str(totals[(t, o)]) for t in trees for o in OUTCOMES] + [f"{sum(runs[(f, t)].seconds for f in files):.0f}" for t in trees] + [""])
+    rows.append(
+        ["total"]
+        + [str(totals[(t, o)]) for t in trees for o in OUTCOMES]
+        + [f"{sum(runs[(f, t)].seconds for f in files):.0f}" for t in trees]
+        + [""]
+    )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
     for i, r in enumerate(rows):
-        lines.append("| " + " | ".join(c.ljust(widths[j]) if j in (0, len(head) - 1) else c.rjust(widths[j]) for j, c in enumerate(r)) + " |")
+        lines.append(
+            "| "
+            + " | ".join(c.ljust(widths[j]) if j in (0, len(head) - 1) else c.rjust(widths[j]) for j, c in enumerate(r))
+            + " |"
+        )
         if i == 0:
             lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
@@ -308,13 +400,17 @@ def select(suite_root: Path, profile: str, names: list[str], everything: bool) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpu_harness.unit_tests", description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="*", help="test files (relative to tests/unit_tests, globs allowed); default: the CI selection")
+    ap.add_argument(
+        "files", nargs="*", help="test files (relative to tests/unit_tests, globs allowed); default: the CI selection"
+    )
     ap.add_argument("--profile", default="v0.26.0")
     ap.add_argument("--all", action="store_true", help="every test file of the suite")
     ap.add_argument("--trees", default="pristine,fixed", help="which trees to run (default both)")
     ap.add_argument("--file-timeout", type=int, default=600, help="seconds per file and tree (default 600)")
     ap.add_argument("--test-timeout", type=int, default=180, help="seconds per test (default 180)")
-    ap.add_argument("--fixpack-python", help="interpreter with fixpack (default: FIXPACK_PYTHON, else the repository's .venv)")
+    ap.add_argument(
+        "--fixpack-python", help="interpreter with fixpack (default: FIXPACK_PYTHON, else the repository's .venv)"
+    )
     ap.add_argument("--work", help="working folder (default: a temporary one, removed at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the working folder (logs, junit xml, trees)")
     ap.add_argument("--json", help="write the results here as JSON")
@@ -339,15 +435,33 @@ def main(argv: list[str] | None = None) -> int:
         base = f"vllm-gaudi {info['commit'][:9]} ({info['base']} base of profile {args.profile})"
         if info["imports_with"]:
             base += f" beside vLLM {info['imports_with']}"
-        print(f"== vllm-gaudi's {SUITE} on the Habana emulation (not a device result): {base}; {len(files)} files; trees built in {time.monotonic() - t0:.1f}s", flush=True)
+        print(
+            f"== vllm-gaudi's {SUITE} on the Habana emulation (not a device result): {base}; {len(files)} files; trees built in {time.monotonic() - t0:.1f}s",
+            flush=True,
+        )
         out = work / "results"
         out.mkdir(exist_ok=True)
         runs: dict[tuple[str, str], FileRun] = {}
         for f in files:
             for t in trees_wanted:
-                r = run_file(f, t, envs[t], suite_root, out, file_timeout=args.file_timeout, test_timeout=args.test_timeout, python=sys.executable)
+                r = run_file(
+                    f,
+                    t,
+                    envs[t],
+                    suite_root,
+                    out,
+                    file_timeout=args.file_timeout,
+                    test_timeout=args.test_timeout,
+                    python=sys.executable,
+                )
                 runs[(f, t)] = r
-                print(f"   {t:8s} {f.removeprefix(SUITE + '/')}: " + ", ".join(f"{r.count(o)} {o}" for o in OUTCOMES) + f" in {r.seconds:.0f}s" + ("" if r.status == "ok" else f" [{r.status}]"), flush=True)
+                print(
+                    f"   {t:8s} {f.removeprefix(SUITE + '/')}: "
+                    + ", ".join(f"{r.count(o)} {o}" for o in OUTCOMES)
+                    + f" in {r.seconds:.0f}s"
+                    + ("" if r.status == "ok" else f" [{r.status}]"),
+                    flush=True,
+                )
         print()
         print(table(runs, files, trees_wanted))
 
@@ -365,11 +479,18 @@ def main(argv: list[str] | None = None) -> int:
             for nodeid, got, detail in regressions:
                 why = explain(nodeid, pins)
                 if why:
-                    print(f"   explained  {nodeid}: {got}; pins the defect {why[0]} removes: {why[1].strip().splitlines()[0]}")
+                    print(
+                        f"   explained  {nodeid}: {got}; pins the defect {why[0]} removes: {why[1].strip().splitlines()[0]}"
+                    )
                 else:
                     unexplained += 1
                     print(f"   UNEXPLAINED {nodeid}: {got}: {detail}")
-            fixed_only = sum(1 for f in files for n, o in runs[(f, "fixed")].tests.items() if o == "passed" and runs[(f, "pristine")].tests.get(n) != "passed")
+            fixed_only = sum(
+                1
+                for f in files
+                for n, o in runs[(f, "fixed")].tests.items()
+                if o == "passed" and runs[(f, "pristine")].tests.get(n) != "passed"
+            )
             print(f"== passes on fixed, not on pristine: {fixed_only}")
         reasons: dict[str, int] = {}
         for r in runs.values():
@@ -382,14 +503,34 @@ def main(argv: list[str] | None = None) -> int:
             for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
                 print(f"   {n:4d}  {reason}")
         if args.json:
-            Path(args.json).write_text(json.dumps({
-                "profile": args.profile, "commit": info["commit"], "base": info["base"], "imports_with": info["imports_with"],
-                "files": {f: {t: {"status": runs[(f, t)].status, "seconds": round(runs[(f, t)].seconds, 1), "tests": runs[(f, t)].tests,
-                                   "counts": {o: runs[(f, t)].count(o) for o in OUTCOMES}} for t in trees_wanted} for f in files},
-                "unexplained": unexplained,
-            }, indent=1))
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "profile": args.profile,
+                        "commit": info["commit"],
+                        "base": info["base"],
+                        "imports_with": info["imports_with"],
+                        "files": {
+                            f: {
+                                t: {
+                                    "status": runs[(f, t)].status,
+                                    "seconds": round(runs[(f, t)].seconds, 1),
+                                    "tests": runs[(f, t)].tests,
+                                    "counts": {o: runs[(f, t)].count(o) for o in OUTCOMES},
+                                }
+                                for t in trees_wanted
+                            }
+                            for f in files
+                        },
+                        "unexplained": unexplained,
+                    },
+                    indent=1,
+                )
+            )
         if unexplained:
-            print(f"\nFAIL: {unexplained} test(s) pass on the pristine tree and not on the fixed one, and no fix.yaml explains them (pins_defect_tests)")
+            print(
+                f"\nFAIL: {unexplained} test(s) pass on the pristine tree and not on the fixed one, and no fix.yaml explains them (pins_defect_tests)"
+            )
             return 1
         return 0
     finally:
