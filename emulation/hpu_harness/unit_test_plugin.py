@@ -143,7 +143,9 @@ def pytest_runtest_logreport(report):
         else:
             outcome = report.outcome
         detail = ""
-        if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+        if hasattr(report, "wasxfail"):  # an expected failure: counted with the skips, said so
+            detail = f"xfailed (upstream marks it expected to fail): {report.wasxfail}"
+        elif report.outcome == "skipped" and isinstance(report.longrepr, tuple):
             detail = str(report.longrepr[2])
         elif report.outcome == "failed":
             text = getattr(report, "longreprtext", "") or ""

@@ -184,6 +184,7 @@ class FileRun:
     details: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     status: str = "ok"  # ok | timeout | crashed (exit code) | collection error
+    cut: set[str] = field(default_factory=set)  # tests running when the file's time limit was reached
     junit: str = ""
 
     def count(self, outcome: str) -> int:
@@ -297,6 +298,7 @@ def run_file(
         for n in hanging:
             deaths[n] = f"the test process died: {how}"
         if rc is None:
+            run.cut.update(hanging)
             break
     run.seconds = time.monotonic() - start
     records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
@@ -466,14 +468,21 @@ def main(argv: list[str] | None = None) -> int:
         print(table(runs, files, trees_wanted))
 
         unexplained = 0
+        regressions: list[tuple[str, str, str]] = []
+        not_compared: list[str] = []
+        pins = declared_pins(info)
         if trees_wanted == ["pristine", "fixed"]:
-            pins = declared_pins(info)
-            regressions = []
             for f in files:
                 p, x = runs[(f, "pristine")], runs[(f, "fixed")]
                 for nodeid, outcome in p.tests.items():
                     got = x.tests.get(nodeid, "not run")
-                    if outcome == "passed" and got != "passed":
+                    if outcome != "passed" or got == "passed":
+                        continue
+                    if got == "not run" or nodeid in x.cut:
+                        # the fixed tree's run stopped at the file's time limit before this test
+                        # finished: no outcome to compare (said, never counted as either)
+                        not_compared.append(nodeid)
+                    else:
                         regressions.append((nodeid, got, x.details.get(nodeid, x.status)))
             print(f"\n== passes on pristine, not on fixed: {len(regressions)}")
             for nodeid, got, detail in regressions:
@@ -485,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     unexplained += 1
                     print(f"   UNEXPLAINED {nodeid}: {got}: {detail}")
+            if not_compared:
+                print(
+                    f"== passed on pristine, not reached on fixed (the file's time limit): {len(not_compared)} not compared"
+                )
+                for nodeid in not_compared:
+                    print(f"   not compared {nodeid}")
             fixed_only = sum(
                 1
                 for f in files
@@ -523,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
                             for f in files
                         },
                         "unexplained": unexplained,
+                        "pristine_pass_fixed_not": [
+                            {"test": n, "fixed": g, "detail": d, "explained_by": (explain(n, pins) or [None])[0]}
+                            for n, g, d in regressions
+                        ],
+                        "not_compared": not_compared,
                     },
                     indent=1,
                 )
