@@ -332,11 +332,19 @@ def declared_pins(info: dict) -> dict[str, tuple[str, str]]:
 
 
 def explain(nodeid: str, pins: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
-    """An entry names a test id (``file::name[params]``) or a test function (every parametrization)."""
+    """An entry names a test id (``file::name[params]``), a test function (every
+    parametrization) or a test class (``file::Class``: every test in it)."""
     if nodeid in pins:
         return pins[nodeid]
     base = nodeid.split("[", 1)[0]
-    return pins.get(base)
+    if base in pins:
+        return pins[base]
+    parts = base.split("::")
+    for k in range(len(parts) - 1, 1, -1):
+        hit = pins.get("::".join(parts[:k]))
+        if hit:
+            return hit
+    return None
 
 
 # -- the table ----------------------------------------------------------------------------------

@@ -43,6 +43,10 @@ def test_an_entry_naming_a_function_explains_every_parametrization_and_nothing_e
     assert unit_tests.explain("tests/unit_tests/x.py::test_b[2]", pins) == ("fix-b", "why b")
     assert unit_tests.explain("tests/unit_tests/x.py::test_b[3]", pins) is None
     assert unit_tests.explain("tests/unit_tests/x.py::test_ab", pins) is None
+    pins["tests/unit_tests/y.py::TestK"] = ("fix-k", "why k")
+    assert unit_tests.explain("tests/unit_tests/y.py::TestK::test_m[1]", pins) == ("fix-k", "why k")
+    assert unit_tests.explain("tests/unit_tests/y.py::TestKX::test_m", pins) is None
+    assert unit_tests.explain("tests/unit_tests/x.py", pins) is None
 
 
 def test_only_downloads_and_not_emulated_become_skips():
