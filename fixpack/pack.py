@@ -99,6 +99,10 @@ def load_fix(fix_dir: Path, *, layer: str = "profile") -> Fix:
             raise ConfigError(f"{where}: cpu_demonstrable is false, so key 'device_gate' ({{reason, gate}}) is required")
     if "device_gate" in data:
         schema.check_mapping(data["device_gate"], schema.DEVICE_GATE_SCHEMA, where=f"{where}: device_gate")
+    for i, pin in enumerate(data.get("pins_defect_tests") or []):
+        pin = schema.check_mapping(pin, schema.PINS_DEFECT_TEST_SCHEMA, where=f"{where}: pins_defect_tests[{i}]")
+        if "::" not in pin["test"] or not pin["test"].split("::", 1)[0].endswith(".py"):
+            raise ConfigError(f"{where}: pins_defect_tests[{i}].test must be FILE.py::NAME, found {pin['test']!r}")
     for i, r in enumerate(data.get("requires", [])):
         schema.check_slug(r, where=f"{where}: requires[{i}]")
     fix = Fix(fid, fix_dir, kind, targets, data, layer)

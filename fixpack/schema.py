@@ -32,12 +32,19 @@ FIX_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "regression_guards": ((list,), False, "tests that pass before the fix too: they guard what it must keep"),
     "untested_parts": ((list,), False, "[{part, why}]: hunks / edits no CPU test can turn red, and why"),
     "completed_by": ((list,), False, "later fix ids without which this one is incomplete at run time"),
+    "pins_defect_tests": ((list,), False, "[{suite, test, why}]: an upstream test that passes on the pristine release and fails with the fix because it pins the very defect the fix removes"),
     "notes": ((str,), False, "anything else"),
 }
 
 TARGET_SCHEMA = {
     "package": ((str,), True, "top-level package folder, e.g. vllm_gaudi"),
     "path": ((str,), True, "file path inside the package"),
+}
+
+PINS_DEFECT_TEST_SCHEMA = {
+    "suite": ((str,), True, "the upstream suite, e.g. 'vllm-gaudi tests/unit_tests' (run by emulation/hpu_harness/unit_tests.py)"),
+    "test": ((str,), True, "the test id inside that suite, FILE::NAME (every parametrization) or FILE::NAME[PARAMS]"),
+    "why": ((str,), True, "what the test asserts that is the defect, and what it sees with the fix"),
 }
 
 DEVICE_GATE_SCHEMA = {

@@ -21,6 +21,11 @@ if [ -x .venv-cpu/bin/python ]; then
   .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs emulation/tests
   rcr=$?
   [ "$rcr" -eq 5 ] && { echo "!!! emulation runner: pytest collected no tests"; rcr=0; }
+  # vllm-gaudi's own tests/unit_tests (the CI selection) on the emulation, pristine vs patched
+  # v0.26.0 tree: the table per file, and exit 1 on a pristine-pass/fixed-fail no fix.yaml explains
+  (cd emulation && FIXPACK_PYTHON="$PWD/../.venv/bin/python" ../.venv-cpu/bin/python -m hpu_harness.unit_tests)
+  rcu=$?
+  [ "$rcr" -eq 0 ] && rcr=$rcu
 else
   echo "!!! .venv-cpu is missing: vllm-gaudi's runner on the emulation was SKIPPED (run scripts/setup-e2e.sh)"
   rcr=0

@@ -85,3 +85,17 @@ def test_yaml_python_tags_are_refused_not_executed(tmp_path):
     edit_yaml(root, "fix-one", "summary: synthetic fix fix-one", f"summary: !!python/object/apply:os.system ['touch {marker}']")
     expect_error(root, "invalid YAML")
     assert not marker.exists()
+
+
+def test_pins_defect_tests_entries_are_checked(tmp_path):
+    root = make_pack(tmp_path / "pack")
+    good = (
+        "kind: diff\npins_defect_tests:\n  - suite: vllm-gaudi tests/unit_tests\n"
+        "    test: tests/unit_tests/test_x.py::test_y\n    why: it asserts the stale value\n"
+    )
+    p = edit_yaml(root, "fix-one", "kind: diff", good)
+    assert fixpack("validate", pack=root).returncode == 0
+    p.write_text(p.read_text().replace("    why: it asserts the stale value\n", ""))
+    expect_error(root, "pins_defect_tests[0]: missing key 'why'")
+    p.write_text(p.read_text().replace("test: tests/unit_tests/test_x.py::test_y\n", "test: test_y\n    why: w\n"))
+    expect_error(root, "pins_defect_tests[0].test must be FILE.py::NAME")

@@ -55,6 +55,13 @@ SCHEMAS: dict[str, str] = {
         f"({_MOE_HEAD}, Tensor[] w12, Tensor[] w3, Tensor d_scale_hidden_states, Tensor[] d_scale_w12, "
         f"Tensor[] d_scale_w3, Tensor[]? d_scale_intermediate_hidden_states=None, {_MOE_TAIL}) -> Tensor"
     ),
+    # The plugin's dynamic-scale overload (no intermediate scales): the fix moe-explicit-overload
+    # names it, and so do Intel Neural Compressor's MoE wrappers; the packet call resolves the same
+    # arguments to fp8_fused_weights here, where the intermediate scales default to None.
+    "mixture_of_experts.fp8_fused_weights_dynamic": (
+        f"({_MOE_HEAD}, Tensor[] w12, Tensor[] w3, Tensor d_scale_hidden_states, Tensor[] d_scale_w12, "
+        f"Tensor[] d_scale_w3, {_MOE_TAIL}) -> Tensor"
+    ),
     "mixture_of_experts.bias_fused_weights": (
         f"({_MOE_HEAD}, Tensor[] w12, Tensor[] w3, Tensor[] w12_bias, Tensor[] w3_bias, {_BIAS_TAIL}) -> Tensor"
     ),
@@ -123,6 +130,7 @@ IMPLS = {
     "mixture_of_experts": K.mixture_of_experts,
     "mixture_of_experts.fused_weights": K.mixture_of_experts_fused,
     "mixture_of_experts.fp8_fused_weights": K.mixture_of_experts_fp8_fused,
+    "mixture_of_experts.fp8_fused_weights_dynamic": K.mixture_of_experts_fp8_fused_dynamic,
     "mixture_of_experts.bias_fused_weights": K.mixture_of_experts_bias_fused,
     "mixture_of_experts.mxfp4_fused_weights": K.mixture_of_experts_mxfp4_fused,
     "mixture_of_experts.bias_mxfp4_fused_weights": K.mixture_of_experts_bias_mxfp4_fused,
@@ -216,6 +224,7 @@ FAKES = {
     "mixture_of_experts": _fake_moe,
     "mixture_of_experts.fused_weights": _fake_moe,
     "mixture_of_experts.fp8_fused_weights": _fake_moe_fp8,
+    "mixture_of_experts.fp8_fused_weights_dynamic": _fake_moe_fp8,
     "mixture_of_experts.bias_fused_weights": _fake_moe,
     "mixture_of_experts.mxfp4_fused_weights": _fake_moe,
     "mixture_of_experts.bias_mxfp4_fused_weights": _fake_moe,

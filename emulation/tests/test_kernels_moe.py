@@ -275,6 +275,42 @@ def test_fp8_fused_weights_scales(card_name, layout, per_token):
     assert_close(got, moe_ref(x8.float() * xs, ids, rwb, d12, d3), torch.bfloat16)
 
 
+@pytest.mark.parametrize("per_token", [True, False])
+def test_fp8_fused_weights_dynamic_named_overload(card_name, per_token):
+    """The plugin's named dynamic-scale overload (what the fix moe-explicit-overload calls)
+    computes what the packet call with the same arguments computes, against the reference."""
+    fp8 = card().fp8_e4m3
+    x = torch.randn(T, H)
+    ids, rw = routing()
+    w12, w3 = weights()
+    q12, s12, d12 = zip(*(quant_fp8(w, "channel", fp8) for w in w12), strict=True)
+    q3, s3, d3 = zip(*(quant_fp8(w, "channel", fp8) for w in w3), strict=True)
+    xs = x.abs().amax(-1, keepdim=True) / 200 if per_token else x.abs().amax() / 200
+    x8 = (x / xs).to(fp8)
+    rwb = rw.to(torch.bfloat16)
+    kwargs = dict(
+        hidden_states=x8,
+        expert_routing_table=ids,
+        router_weights=rwb,
+        w12=list(q12),
+        w3=list(q3),
+        d_scale_hidden_states=xs,
+        d_scale_w12=list(s12),
+        d_scale_w3=list(s3),
+        permuted_weights=True,
+        activation="silu",
+        experts_min=0,
+        experts_max=E - 1,
+    )
+    named = torch.ops.hpu.mixture_of_experts.fp8_fused_weights_dynamic(**kwargs)
+    assert torch.equal(named, moe(**kwargs))
+    assert_close(named, moe_ref(x8.float() * xs, ids, rwb, d12, d3), torch.bfloat16)
+    with pytest.raises((RuntimeError, TypeError)):  # no intermediate scales in this overload
+        torch.ops.hpu.mixture_of_experts.fp8_fused_weights_dynamic(
+            **kwargs, d_scale_intermediate_hidden_states=[torch.tensor(1.0)] * E
+        )
+
+
 def test_fp8_static_intermediate_scale(card_name):
     fp8 = card().fp8_e4m3
     x = torch.randn(T, H)

@@ -13,6 +13,7 @@ from .moe import (
     mixture_of_experts_bias_fused,
     mixture_of_experts_bias_mxfp4_fused,
     mixture_of_experts_fp8_fused,
+    mixture_of_experts_fp8_fused_dynamic,
     mixture_of_experts_fused,
     mixture_of_experts_mxfp4_fused,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "mixture_of_experts_bias_fused",
     "mixture_of_experts_bias_mxfp4_fused",
     "mixture_of_experts_fp8_fused",
+    "mixture_of_experts_fp8_fused_dynamic",
     "mixture_of_experts_fused",
     "mixture_of_experts_mxfp4_fused",
     "rms_norm",

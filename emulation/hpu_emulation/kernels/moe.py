@@ -311,6 +311,47 @@ def mixture_of_experts_fp8_fused(
     return out.to(router_weights.dtype)
 
 
+def mixture_of_experts_fp8_fused_dynamic(
+    hidden_states,
+    expert_routing_table,
+    router_weights,
+    w12,
+    w3,
+    d_scale_hidden_states,
+    d_scale_w12,
+    d_scale_w3,
+    permuted_weights=True,
+    activation="silu",
+    experts_min=0,
+    experts_max=0,
+    chunk_size=0,
+    total_experts=0,
+):
+    """``mixture_of_experts.fp8_fused_weights_dynamic``: the plugin's overload for a dynamic
+    (per-token) input scale and no intermediate scales; the same computation as
+    :func:`mixture_of_experts_fp8_fused` with ``d_scale_intermediate_hidden_states=None``
+    (vllm-gaudi's ``VllmMixtureOfExpertsOpFP8PerChannel`` dynamic branch, as the fix
+    moe-explicit-overload calls it by name; Intel Neural Compressor's MoE wrappers name it too).
+    """
+    return mixture_of_experts_fp8_fused(
+        hidden_states,
+        expert_routing_table,
+        router_weights,
+        w12,
+        w3,
+        d_scale_hidden_states,
+        d_scale_w12,
+        d_scale_w3,
+        None,
+        permuted_weights,
+        activation,
+        experts_min,
+        experts_max,
+        chunk_size,
+        total_experts,
+    )
+
+
 def dequant_mxfp4(packed: torch.Tensor, scales: torch.Tensor, block_size: int = 32) -> torch.Tensor:
     """uint8 ``[..., n / 2]`` E2M1 pairs + uint8 E8M0 ``[..., ceil(n / block)]`` -> float32 ``[..., n]``."""
     p = packed.to(torch.uint8)
