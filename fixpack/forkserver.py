@@ -140,6 +140,8 @@ def serve(preload: str = "") -> int:
         import fixpack.kinds.diff  # noqa: F401
     import fixpack.kinds.edit  # noqa: F401 - an edit, and a codemod's SCOPE, locate definitions with it
     import fixpack.landlock  # noqa: F401 - ctypes, for each child's confinement
+    import fixpack.privilege  # noqa: F401
+    import fixpack.seccomp  # noqa: F401
     import fixpack.worker  # noqa: F401
 
     # What is imported stays for every child: out of the collector's reach, a child's collection
