@@ -10,6 +10,7 @@ commit it records (`recover`); a commit that fails part-way puts back what it re
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -100,13 +101,17 @@ def roll_back(
         )
 
 
-def recover(store: Store, files_of: Files, report: Lines) -> None:
-    """Finish the commit an interrupted run left in the journal, if any."""
+def recover(store: Store, files_of: Files, report: Lines, check: Callable[[Journal], None] | None = None) -> None:
+    """Finish the commit an interrupted run left in the journal, if any. ``check`` (the engine's,
+    against the lock) raises Drift for a journal whose states the lock does not pin: it is
+    never finished, so no byte it names is written."""
     journal = store.read_journal()
     if journal is None:
         return
     if isinstance(journal, Unreadable):
         raise Drift(f"{store.journal_path} is unreadable; inspect the files with `fixpack verify`, then remove it")
+    if check is not None:
+        check(journal)
     report.say(f"recovering an interrupted run: {journal.op} {journal.step.fix}")
     cur = files_of.current(journal.files)
     for rel, (src, dst) in journal.files.items():
