@@ -107,6 +107,17 @@ class Runner:
             stage.mkdir(parents=True)
         except OSError as exc:
             raise fs_error(exc, f"cannot create {stage}") from exc
+        # The fix's process holds no capability (fixpack.privilege): a target it could not read
+        # itself (another owner's, mode 0600) is read here and handed over as a copy in its stage.
+        staged_in: dict[str, str] = {}
+        for i, (rel, src) in enumerate(inputs.items()):
+            copy = stage / f"{i}.in"
+            try:
+                copy.write_bytes(Path(src).read_bytes())
+            except OSError as exc:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise fs_error(exc, f"{fix.id}: cannot hand {src} to its process through {copy}") from exc
+            staged_in[rel] = str(copy)
         job: dict[str, Any] = {
             "fix_dir": str(fix.dir),
             "kind": fix.kind,
@@ -114,8 +125,7 @@ class Runner:
             "check_idempotent": self.check_idempotent,
             "sandbox": self.sandbox,
             "targets": [
-                {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")}
-                for i, (rel, src) in enumerate(inputs.items())
+                {"rel": rel, "src": staged_in[rel], "out": str(stage / f"{i}.out")} for i, rel in enumerate(inputs)
             ],
             # An output equal to its pin was compiled when the pin was recorded; the worker need not compile it again.
             "expect": {rel: pins[rel][1] for rel in inputs} if pins else {},
@@ -161,7 +171,7 @@ class Runner:
                 + "\nnothing was written"
             )
         produced = {p.name for p in stage.iterdir()}
-        expected = {Path(t["out"]).name for t in job["targets"]}
+        expected = {Path(t["out"]).name for t in job["targets"]} | {Path(t["src"]).name for t in job["targets"]}
         if produced - expected:
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(
@@ -245,12 +255,11 @@ class Runner:
             return
         self._watch.restore(changed)
         self._watch.take()
-        lines = [
-            f"  {c.path}: {c.what}{' (' + c.fields + ')' if c.fields else ''}; {'restored' if c.restored else 'NOT restored'} ({c.how})"
-            for c in changed
-        ]
+        lines = [f"  {c.line()}" for c in changed]
+        swapped = "".join(c.line() + "\n" for c in changed if c.replaced)
         raise EnvironmentFault(
-            f"{changed[0].path} changed outside the fixes' targets while this run applied {', '.join(ran)}"
+            swapped
+            + f"{changed[0].path} changed outside the fixes' targets while this run applied {', '.join(ran)}"
             + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
             + ":\n"
             + "\n".join(lines)
@@ -268,10 +277,18 @@ class Runner:
         shutil.rmtree(stage, ignore_errors=True)
         watch.restore(changed)
         watch.take()
-        lines = [
-            f"  {c.path}: {c.what}{' (' + c.fields + ')' if c.fields else ''}; {'restored' if c.restored else 'NOT restored'} ({c.how})"
-            for c in changed
-        ]
+        lines = [f"  {c.line()}" for c in changed]
+        swapped = [c for c in changed if c.replaced]
+        if swapped:
+            # a folder of the tree was swapped (for a symlink, say) during the run: refused, never
+            # written through; the fix's process is blamed because it was not sealed, and it
+            # may have been another process (without the kernel's seal, fixpack cannot tell)
+            raise EnvironmentFault(
+                "\n".join(c.line() for c in swapped)
+                + f"\nwhile fix {fix.id} ran (its process, or another process: it was not sealed by the kernel), the tree changed outside its targets:\n"
+                + "\n".join(lines)
+                + "\nnothing of this fix was written. Find what replaced the folder, restore the package (reinstall it), then run `fixpack verify`"
+            )
         first = changed[0].path
         left = [c.path for c in changed if not c.restored]
         raise FixFailed(
