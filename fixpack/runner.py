@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fixpack import forkserver
+from fixpack import limits as rlimits
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.pack import Fix
@@ -49,6 +50,7 @@ class Runner:
         self.sandbox = os.environ.get("FIXPACK_SANDBOX", "auto") or "auto"
         if self.sandbox not in SANDBOX_MODES:
             raise ConfigError(f"FIXPACK_SANDBOX={self.sandbox}: expected one of {', '.join(SANDBOX_MODES)}")
+        self.limits = rlimits.parse(os.environ.get("FIXPACK_LIMITS"))  # per fix's process; ConfigError if malformed
         self.protection: dict | None = None  # what confined the fix processes of this run
         self._forkservers: dict[str, ForkServer] = {}  # "" for diffs and edits, "codemod" for codemods
         self._watch: TreeWatch | None = None
@@ -124,6 +126,7 @@ class Runner:
             "stage_dir": str(stage),
             "check_idempotent": self.check_idempotent,
             "sandbox": self.sandbox,
+            "limits": self.limits,
             "targets": [
                 {"rel": rel, "src": staged_in[rel], "out": str(stage / f"{i}.out")} for i, rel in enumerate(inputs)
             ],
@@ -158,8 +161,23 @@ class Runner:
             result = json.loads(lines[-1]) if lines else {}
         except ValueError:
             result = {}
+        used = proc.get("usage") or {}
+        if used.get("killed"):
+            self.report.say(
+                f"warning: fix {fix.id} left {used['killed']} process(es) running after its own ended; they were killed before the tree was compared"
+            )
         if proc["rc"] != 0 or "outputs" not in result:
             err = result.get("error") or (proc["stderr"].strip().splitlines() or ["crashed with no output"])[-1]
+            over = rlimits.exceeded(
+                self.limits,
+                error=str(result.get("error") or ""),
+                errno_=result.get("errno"),
+                signal_=-proc["rc"] if isinstance(proc["rc"], int) and proc["rc"] < 0 else None,
+                cpu_s=float(used.get("cpu_s") or 0),
+            )
+            if over:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise FixFailed(f"fix {fix.id} exceeded the {over}: {err}; nothing was written")
             if result.get("errno") in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 shutil.rmtree(stage, ignore_errors=True)
                 raise fs_error(OSError(result["errno"], err), f"{fix.id}: cannot write its output in {stage}")

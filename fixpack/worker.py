@@ -27,7 +27,7 @@ from pathlib import Path
 SANDBOX_MODES = ("auto", "landlock", "hook")
 
 
-def confine(stage_dir: str, mode: str) -> dict:
+def confine(stage_dir: str, mode: str, limits: dict | None = None) -> dict:
     """Take away the process's privileges and put the kernel's walls up where it has them.
     ``mode``: auto (Landlock when the kernel has it, else the audit hook alone, said in the
     result), landlock (required), hook (Landlock and the metadata filter forced off). In every
@@ -36,6 +36,10 @@ def confine(stage_dir: str, mode: str) -> dict:
     for the state record."""
     from fixpack import privilege
 
+    if limits:  # before the capabilities go: without CAP_SYS_RESOURCE they can never be raised again
+        from fixpack import limits as rlimits
+
+        rlimits.apply(limits)
     dropped = privilege.drop_all()  # first: Landlock and seccomp need no privilege, and a fix gets none
     if mode == "hook":
         got: dict = {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}
@@ -157,7 +161,7 @@ def run(job: dict) -> dict:
 def execute(job: dict) -> int:
     """Confine the process, guard writes, compute the fix's outputs, print the result as one JSON line."""
     try:
-        protection = confine(job["stage_dir"], job.get("sandbox", "auto"))
+        protection = confine(job["stage_dir"], job.get("sandbox", "auto"), job.get("limits"))
     except PermissionError as exc:
         print(json.dumps({"protection": {"sandbox": "none"}}))
         print(json.dumps({"error": f"{exc}", "protection": {"sandbox": "none"}}))
