@@ -6,10 +6,10 @@ separated by commas (``FIXPACK_LIMITS=as=16G,cpu=600``); sizes take K, M or G.
 
 The defaults leave every fix of the pack room: a cold apply of the v0.26.0 profile (19 fixes,
 real targets) passes with ``as=256M,cpu=2,nofile=16,fsize=1M``, its largest fix process peaking
-at 37 MiB resident and 0.09 s of CPU (measured on an Intel Xeon, 2 CPUs; each default is at
-least 30 times that; the v0.30.0 sources were not reachable there). When a limit is reached, the kernel answers the process (MemoryError,
-EFBIG, EMFILE, EAGAIN) or ends it (SIGXCPU, then SIGKILL at the hard CPU limit), and the
-driver reports "fix X exceeded LIMIT".
+at 37 MiB resident and 0.09 s of CPU (measured on 2 CPUs; each default is 16 times the setting
+that passed or more; the v0.30.0 sources were not reachable there). When a limit is reached,
+the kernel answers the process (MemoryError, EFBIG, EMFILE, EAGAIN) or ends it (SIGXCPU, then
+SIGKILL at the hard CPU limit), and the driver reports "fix X exceeded LIMIT".
 
 RLIMIT_NPROC counts every process and thread of the user, and the kernel does not apply it to
 root at all: the seccomp filter (fixpack.seccomp) is what keeps a fix from starting any
