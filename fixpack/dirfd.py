@@ -25,34 +25,37 @@ class ParentReplaced(EnvironmentFault):
     """A folder on the way to ``path`` is not the one the driver saw: a symlink, another type,
     another folder, or gone."""
 
-    def __init__(self, path: str, detail: str = ""):
+    def __init__(self, path: str, detail: str = "", done: str = "restored"):
         super().__init__(
-            f"{path}: a parent was replaced during the run; nothing was restored through it"
+            f"{path}: a parent was replaced during the run; nothing was {done} through it"
             + (f" ({detail})" if detail else "")
         )
         self.path = path
         self.detail = detail
 
 
-def open_parent(root: str, path: str, expect: Callable[[str], tuple | None]) -> tuple[int, str]:
+def open_parent(root: str, path: str, expect: Callable[[str], tuple | None], done: str = "restored") -> tuple[int, str]:
     """A descriptor of ``path``'s parent folder, walked from ``root`` (which ``path`` is under),
     and ``path``'s last name. ``expect(folder path)`` gives the (device, inode) each folder must
     have, or None where there is nothing to compare with. The caller closes the descriptor."""
     rel = os.path.relpath(path, root)
     if rel.startswith("..") or rel == ".":
-        raise ParentReplaced(path, f"not under {root}")
+        raise ParentReplaced(path, f"not under {root}", done)
     parts = rel.split(os.sep)
-    fd = _open_checked(None, root, root, expect)
-    here = root
     try:
-        for part in parts[:-1]:
-            here = os.path.join(here, part)
-            nxt = _open_checked(fd, part, here, expect)
+        fd = _open_checked(None, root, root, expect)
+        here = root
+        try:
+            for part in parts[:-1]:
+                here = os.path.join(here, part)
+                nxt = _open_checked(fd, part, here, expect)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
             os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
+            raise
+    except ParentReplaced as exc:
+        raise ParentReplaced(path, exc.detail, done) from None  # named by the entry it was for
     return fd, parts[-1]
 
 

@@ -97,6 +97,13 @@ class Engine:
             raise BaseMismatch(f"{rel}: package {package} not found")
         return resolve_inside(self.found[package], sub, where=rel)
 
+    def root(self, rel: str) -> Path:
+        """The package folder ``rel`` is in: where writes to it are walked from (fixpack.dirfd)."""
+        package = rel.split("/", 1)[0]
+        if package not in self.found:
+            raise BaseMismatch(f"{rel}: package {package} not found")
+        return self.found[package]
+
     def current(self, rels) -> dict[str, str | None]:
         """Each target's sha256 (None: missing)."""
         return _hashes(self.contents(rels))

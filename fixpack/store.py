@@ -114,8 +114,86 @@ def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None,
         raise fs_error(exc, f"cannot write {path}") from exc
 
 
-def drop_bytecode(path: Path) -> None:
-    """A rewritten .py must never run as its stale .pyc."""
+def replace_in_tree(root: Path, path: Path, data: bytes, *, label: str = "") -> None:
+    """`atomic_write` for a file of a package folder (``root``), made entirely through a
+    descriptor of its folder, walked from ``root`` without following a symlink (fixpack.dirfd):
+    a folder on the way swapped during the run is refused (exit 6), never written through. The
+    new file keeps the old one's owner and mode."""
+    from fixpack import dirfd
+
+    pfd, name = dirfd.open_parent(str(root), str(path), lambda _: None, done="written")
+    tmp = f".{name}.fixpack-tmp"
+    try:
+        try:
+            like = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except OSError as exc:
+            raise fs_error(exc, f"cannot stat {path}") from exc
+        try:
+            try:
+                os.unlink(tmp, dir_fd=pfd)  # left by a killed run, or planted: never written through
+            except FileNotFoundError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+                try:  # owner first: chown clears setuid/setgid bits
+                    os.fchown(fd, like.st_uid, like.st_gid)
+                except PermissionError:
+                    pass
+                os.fchmod(fd, like.st_mode & 0o7777)
+            finally:
+                os.close(fd)
+            crashpoint(f"staged {label or path.name}")
+            os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+            crashpoint(f"renamed {label or path.name}")
+            try:
+                os.fsync(pfd)
+            except OSError:
+                pass
+        except OSError as exc:
+            try:
+                os.unlink(tmp, dir_fd=pfd)
+            except OSError:
+                pass
+            raise fs_error(exc, f"cannot write {path}") from exc
+    finally:
+        os.close(pfd)
+
+
+def drop_bytecode(path: Path, root: Path | None = None) -> None:
+    """A rewritten .py must never run as its stale .pyc. With ``root`` (its package folder), the
+    __pycache__ folder is reached through descriptors, as `replace_in_tree` reaches the file."""
+    if root is not None:
+        from fixpack import dirfd
+
+        pfd, _ = dirfd.open_parent(str(root), str(path), lambda _: None, done="removed")
+        try:
+            try:
+                cfd = os.open("__pycache__", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink planted there: never followed
+                    raise dirfd.ParentReplaced(str(path.parent / "__pycache__"), "not a folder", done="removed") from None
+                raise fs_error(exc, f"cannot open {path.parent / '__pycache__'}") from exc
+        finally:
+            os.close(pfd)
+        try:
+            stem = f"{path.stem}."
+            for entry in os.listdir(cfd):
+                if entry.startswith(stem) and entry.endswith(".pyc") and len(entry) >= len(stem) + 4:  # as glob STEM.*.pyc
+                    try:
+                        os.unlink(entry, dir_fd=cfd)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as exc:
+                        raise fs_error(exc, f"cannot remove stale bytecode {path.parent / '__pycache__' / entry}") from exc
+        finally:
+            os.close(cfd)
+        return
     cache = path.parent / "__pycache__"
     if not cache.is_dir():
         return

@@ -59,6 +59,21 @@ def scan(roots: list[Path], skip: set[str]) -> dict[str, Entry]:
     return out
 
 
+def _read_entry(path: str, e: Entry) -> bytes | None:
+    """The bytes of the file the snapshot saw at ``path``: not through a symlink put there since,
+    and only if it is the same inode (a folder on the way swapped for a symlink would otherwise
+    have the driver keep, and later put back here, the bytes of a file outside the tree)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != e[:2]:
+            return None
+        return f.read()
+
+
 @dataclass
 class Change:
     path: str
@@ -108,10 +123,8 @@ class TreeWatch:
             return
         for path, e in self.before.items():
             if stat.S_ISREG(e[5]) and (path not in self.data and path not in self.digest or old.get(path) != e):
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                except OSError:
+                data = _read_entry(path, e)
+                if data is None:
                     continue
                 if e[2] <= KEEP_BYTES_UP_TO:
                     self.data[path] = data

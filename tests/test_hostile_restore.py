@@ -102,3 +102,48 @@ def test_a_fix_that_swaps_its_folder_for_a_symlink_gets_no_write_outside_without
     assert (out / "other.py").read_text() == "root_owned = True\n"
     # the rest of the tree is as it was: nothing of the fix was written
     assert (tree / "pkg_a" / "mod.py").read_bytes() == (root / "pristine" / "pkg_a" / "mod.py").read_bytes()
+
+
+def test_a_commit_never_writes_through_a_package_folder_swapped_for_a_symlink(tmp_path):
+    """The same attack on the driver's own commit: the package folder is swapped, after the
+    journal is written, for a symlink to a folder holding a copy of the pristine target (so
+    that its hash still matches). The rename into place is made through descriptors walked
+    without following a symlink: refused, exit 6, and the copy outside is not replaced."""
+    root, tree = L.copy_pack("basic", tmp_path)
+    out = tmp_path / "outside" / "rootdir"
+    out.mkdir(parents=True)
+    for name in ("__init__.py", "mod.py"):
+        (out / name).write_bytes((tree / "pkg_a" / name).read_bytes())
+    os.chmod(out / "mod.py", 0o600)
+    outside_before = _state(out)
+    r = B.fault_fixpack(
+        "apply", "--profile", "test", "--root", str(tree), pack=root,
+        faults={"FAULT_AT_LABEL": "journal written for apply fix-one", "FAULT_ACTION": f"swapdir:{tree / 'pkg_a'}", "FAULT_LINK_TO": str(out)},
+    )  # fmt: skip
+    text = r.stdout + r.stderr
+    assert r.returncode == 6, text
+    assert (
+        f"{tree / 'pkg_a' / 'mod.py'}: a parent was replaced during the run; nothing was written through it" in text
+    ), text
+    assert _state(out) == outside_before, "the file outside the tree was replaced"
+
+
+def test_stale_bytecode_is_never_removed_through_a_pycache_symlink(tmp_path):
+    """A `__pycache__` planted as a symlink to a folder elsewhere: the driver's removal of the
+    rewritten module's stale bytecode would unlink files there. Refused, exit 6."""
+    root, tree = L.copy_pack("basic", tmp_path)
+    out = tmp_path / "outside" / "cache"
+    out.mkdir(parents=True)
+    victim = out / "mod.cpython-311.pyc"
+    victim.write_bytes(b"not yours")
+    (tree / "pkg_a" / "__pycache__").symlink_to(out)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root)
+    text = r.stdout + r.stderr
+    assert r.returncode == 6, text
+    assert (
+        f"{tree / 'pkg_a' / '__pycache__'}: a parent was replaced during the run; nothing was removed through it"
+        in text
+    ), text
+    assert victim.read_bytes() == b"not yours"
+    # the commit was rolled back: the target is pristine again
+    assert (tree / "pkg_a" / "mod.py").read_bytes() == (root / "pristine" / "pkg_a" / "mod.py").read_bytes()
