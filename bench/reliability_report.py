@@ -157,7 +157,7 @@ def main() -> int:
                 r = run_named([(f"{e.id} ({mode})", lambda w, e=e, mode=mode: S.run_escape(e, mode, w) and e.what) for e in S.ESCAPES], work, f"sandbox-{mode}", args.jobs)
                 if mode == "hook":
                     refused = sum(e.hook == "refused" for e in S.ESCAPES)
-                    label = f"{label} ({len(S.ESCAPES) - refused}) or refused, no capabilities or the privileged-call filter ({refused}):"
+                    label = f"{label} ({len(S.ESCAPES) - refused}) or refused by no capabilities or the privileged-call filter ({refused})"
                 figures[f"sandbox-{mode}"] = {"tried": r["tried"], "ok": r["survived"], "failed": r["failed"], "label": label}
 
         if "state" in args.only:
@@ -243,7 +243,7 @@ def main() -> int:
     ):
         if f"sandbox-{mode}" in figures:
             x = figures[f"sandbox-{mode}"]
-            rows.append((what, f"{x['tried']} escapes", f"{x['ok']} {x['label']} tree and a decoy outside it unchanged", f"{len(x['failed'])} failed"))
+            rows.append((what, f"{x['tried']} escapes", f"{x['ok']} {x['label']}; tree and a decoy outside it unchanged", f"{len(x['failed'])} failed"))
     if "state" in figures:
         x = figures["state"]
         rows.append(("forged state record, planted journal, folders swapped for symlinks mid-run, limits, survivors (each with the kernel layers on and off)",
