@@ -69,7 +69,8 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Line
     prot = state.protection or {}
     if prot:
         kernel = f"Landlock ABI {prot.get('abi')}" + (" and seccomp (kernel)" if prot.get("seccomp") else " (kernel)") if prot.get("sandbox") == "landlock" else f"no Landlock ({prot.get('reason')})"
-        report.say(f"  fix processes confined by: {kernel}, audit hook, {prot.get('detection', 'snapshot')} check")
+        dropped = ", no capabilities" if prot.get("capabilities") == "none" else ""
+        report.say(f"  fix processes confined by: {kernel}{dropped}, audit hook, {prot.get('detection', 'snapshot')} check")
     final: dict[str, str] = {}
     for s in state.steps:
         final.update(s.after())
