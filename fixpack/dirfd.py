@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Callable
 
 from fixpack.errors import EnvironmentFault
@@ -72,7 +73,7 @@ def _open_checked(dir_fd: int | None, name: str, path: str, expect: Callable[[st
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise ParentReplaced(
                 path,
-                f"{path} is no longer a folder: {'a symlink' if exc.errno == errno.ELOOP else 'another file type'}",
+                f"{path} is no longer a folder: {'a symlink' if exc.errno == errno.ELOOP or _is_link(dir_fd, name) else 'another file type'}",
             ) from None
         if exc.errno == errno.ENOENT:
             raise ParentReplaced(path, f"{path} is gone") from None
@@ -83,6 +84,13 @@ def _open_checked(dir_fd: int | None, name: str, path: str, expect: Callable[[st
         os.close(fd)
         raise ParentReplaced(path, f"{path} is another folder than the one seen before the fix ran")
     return fd
+
+
+def _is_link(dir_fd: int | None, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def remove_tree_at(dir_fd: int, name: str) -> None:

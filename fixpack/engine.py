@@ -67,6 +67,7 @@ class Engine:
             self.report,
             timeout=self.timeout,
             check_idempotent=self.check_idempotent,
+            store=self.store,
         )
         self.pinned: list[Step] | None = None  # the lock's steps for this selection
         if self.lock is not None:

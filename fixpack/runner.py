@@ -22,7 +22,7 @@ from fixpack import limits as rlimits
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.pack import Fix
-from fixpack.store import fs_error
+from fixpack.store import Store, fs_error
 from fixpack.verify import Lines
 from fixpack.watch import TreeWatch
 from fixpack.worker import SANDBOX_MODES, sealed
@@ -41,8 +41,10 @@ class Runner:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         check_idempotent: bool = False,
+        store: Store | None = None,
     ):
         self.roots = roots  # the package folders the fixes' targets are in
+        self.store = store  # the state folder, opened once: the stages are made through it
         self.state_dir = state_dir
         self.report = report
         self.timeout = timeout
@@ -103,12 +105,15 @@ class Runner:
         (seconds) replaces the runner's own for this fix; ``known``: the lock's record of where
         the fix's definitions sit in its pinned texts (fixpack.kinds.edit.locate)."""
         timeout = self.timeout if timeout is None else timeout
-        stage = self.state_dir / "staging" / fix.id
-        shutil.rmtree(stage, ignore_errors=True)
-        try:
-            stage.mkdir(parents=True)
-        except OSError as exc:
-            raise fs_error(exc, f"cannot create {stage}") from exc
+        if self.store is not None:
+            stage = self.store.stage(fix.id)  # through the state folder's descriptor (fixpack.store)
+        else:
+            stage = self.state_dir / "staging" / fix.id
+            shutil.rmtree(stage, ignore_errors=True)
+            try:
+                stage.mkdir(parents=True)
+            except OSError as exc:
+                raise fs_error(exc, f"cannot create {stage}") from exc
         # The fix's process holds no capability (fixpack.privilege): a target it could not read
         # itself (another owner's, mode 0600) is read here and handed over as a copy in its stage.
         staged_in: dict[str, str] = {}
@@ -143,6 +148,10 @@ class Runner:
             self._check_outside(fix, watch, stage)
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: {exc}; nothing was written") from None
+        if self.store is not None:
+            # the stage's path led into the state folder when the process was confined to it; if
+            # the folder was swapped since, its outputs are not read from wherever it leads now
+            self.store.check_folder()
         got = self.protection_of(proc)
         if sealed(got):
             # The kernel kept this process from changing anything outside its stage; the trees

@@ -279,7 +279,7 @@ class TreeWatch:
                 fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    kind = "a symlink" if exc.errno == errno.ELOOP else "another file type"
+                    kind = "a symlink" if exc.errno == errno.ELOOP or os.path.islink(p) else "another file type"
                     c.replaced, c.how = True, f"replaced by {kind} during the run (it was a folder); nothing was restored through it"
                     return
                 raise

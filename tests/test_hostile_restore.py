@@ -147,3 +147,46 @@ def test_stale_bytecode_is_never_removed_through_a_pycache_symlink(tmp_path):
     assert victim.read_bytes() == b"not yours"
     # the commit was rolled back: the target is pristine again
     assert (tree / "pkg_a" / "mod.py").read_bytes() == (root / "pristine" / "pkg_a" / "mod.py").read_bytes()
+
+
+def test_a_state_folder_that_is_a_symlink_or_not_ours_is_refused(tmp_path):
+    """fixpack writes its state and backups only into a real folder owned by its own user that
+    no one else may write: a `.fixpack` planted as a symlink to a folder elsewhere, or made by
+    someone else, is refused before anything is written (exit 6)."""
+    root, tree = L.copy_pack("basic", tmp_path)
+    out = tmp_path / "outside" / "etc"
+    out.mkdir(parents=True)
+    (tree / ".fixpack").symlink_to(out)
+    before = B.tree_digest(tree)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root)
+    assert r.returncode == 6 and f"{tree / '.fixpack'}: the state folder is a symlink" in r.stderr, r.stdout + r.stderr
+    assert list(out.iterdir()) == [] and B.tree_digest(tree) == before
+    (tree / ".fixpack").unlink()
+    (tree / ".fixpack").mkdir()
+    os.chmod(tree / ".fixpack", 0o777)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root)
+    assert r.returncode == 6 and "that no one else may write" in r.stderr, r.stdout + r.stderr
+    assert B.tree_digest(tree) == before
+
+
+def test_a_state_folder_swapped_during_the_run_gets_no_write(tmp_path):
+    """The folder's owner swaps `.fixpack` for a symlink after the journal is written: every
+    later write of the state goes through the descriptor opened at the start, never into the
+    symlink's target."""
+    root, tree = L.copy_pack("basic", tmp_path)
+    out = tmp_path / "outside" / "etc"
+    out.mkdir(parents=True)
+    r = B.fault_fixpack(
+        "apply", "--profile", "test", "--root", str(tree), pack=root,
+        faults={"FAULT_AT_LABEL": "journal written for apply fix-one", "FAULT_ACTION": f"swapdir:{tree / '.fixpack'}", "FAULT_LINK_TO": str(out)},
+    )  # fmt: skip
+    assert list(out.iterdir()) == [], "a state file was written through the symlink: " + r.stdout + r.stderr
+    # fix-one's commit went on into the folder the run opened (moved aside); fix-two's stage is
+    # refused, since its path no longer leads there
+    assert (
+        r.returncode == 6 and "the state folder was replaced during the run; nothing was written through it" in r.stderr
+    ), r.stdout + r.stderr
+    assert (tree / ".fixpack.swapped-away" / "state.json").exists()
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root)
+    assert r.returncode == 6 and "the state folder is a symlink" in r.stderr, r.stdout + r.stderr
+    assert list(out.iterdir()) == []
