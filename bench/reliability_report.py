@@ -21,7 +21,7 @@
    and undone by the driver's snapshot, or refused: no capabilities, the privileged-call filter).
 6. state: issue 30's attacks on the driver itself, each with the kernel layers on and forced
    off: a forged state record, a planted journal, folders swapped for symlinks during the run
-   (restore and commit), a __pycache__ symlink, a limit exceeded, a process that outlives its
+   (restore, commit, the state folder), a __pycache__ symlink, a limit exceeded, a process that outlives its
    fix (tests/test_hostile_state.py, test_hostile_restore.py, test_limits.py, run as they are).
 
 The CI tests run a sample of each (tests/test_reliability_*.py, tests/test_hostile_input.py).
@@ -118,6 +118,8 @@ def state_cases() -> list[tuple[str, callable]]:
     out.append(("fix swaps its folder for a symlink (hook)", case(HR.test_a_fix_that_swaps_its_folder_for_a_symlink_gets_no_write_outside_without_the_kernel, what="exit 6, nothing restored through it")))
     out.append(("package folder swapped during the commit", case(HR.test_a_commit_never_writes_through_a_package_folder_swapped_for_a_symlink, what="exit 6, nothing written through it")))
     out.append(("__pycache__ symlink", case(HR.test_stale_bytecode_is_never_removed_through_a_pycache_symlink, what="exit 6, nothing removed through it")))
+    out.append(("state folder a symlink, or writable by others", case(HR.test_a_state_folder_that_is_a_symlink_or_not_ours_is_refused, what="exit 6, nothing written")))
+    out.append(("state folder swapped for a symlink mid-run", case(HR.test_a_state_folder_swapped_during_the_run_gets_no_write, what="exit 6, nothing written through it")))
     out.append(("pinned step, unpinned journal files", case(HS.test_a_journal_whose_step_is_pinned_but_whose_files_are_not_is_refused, what="drift, exit 5")))
     out.append(("change file over 1 MiB", case(TL.test_a_change_file_larger_than_the_bound_is_refused_before_it_is_read, what="exit 2")))
     return out
