@@ -336,7 +336,11 @@ def protection_text(p: dict) -> str:
     # what was dropped and filtered in every mode (absent from records made before issue 30)
     extra = "; no capabilities" if p.get("capabilities") == "none" else ""
     if p.get("syscall_filter"):
-        extra += f"; privileged-call filter: {p['syscall_filter']}" if p["syscall_filter"].startswith("none") else "; privileged-call filter"
+        extra += (
+            f"; privileged-call filter: {p['syscall_filter']}"
+            if p["syscall_filter"].startswith("none")
+            else "; privileged-call filter"
+        )
     if sealed(p):
         return f"landlock ABI {p.get('abi')} + seccomp + audit hook + snapshot per run{extra}"
     if p.get("sandbox") == "landlock":

@@ -66,7 +66,9 @@ def test_forced_off_is_said_and_recorded(tmp_path):
         "capabilities": "none",
         "syscall_filter": "privileged calls",
     }
-    if "bounding" in state["protection"]:  # not root: the bounding set cannot be emptied without CAP_SETPCAP, and says so
+    if (
+        "bounding" in state["protection"]
+    ):  # not root: the bounding set cannot be emptied without CAP_SETPCAP, and says so
         want["bounding"] = state["protection"].get("bounding")
         assert "no CAP_SETPCAP; no_new_privs set" in want["bounding"]
     assert state["protection"] == want
