@@ -16,8 +16,13 @@
 3. concurrency: 8 runs at once, apply against revert, a lock holder killed.
 4. hostile input: every case of testing/hostile_cases.py.
 5. sandbox: every escape of testing/sandbox_cases.py (a fix's process writing outside its
-   targets through libc, which the audit hook cannot see), once under Landlock (refused by
-   the kernel) and once with Landlock forced off (caught and undone by the driver's snapshot).
+   targets, or using a privilege or another process, through libc, which the audit hook cannot
+   see), once under Landlock (refused by the kernel) and once with Landlock forced off (caught
+   and undone by the driver's snapshot, or refused: no capabilities, the privileged-call filter).
+6. state: issue 30's attacks on the driver itself, each with the kernel layers on and forced
+   off: a forged state record, a planted journal, folders swapped for symlinks during the run
+   (restore, commit, the state folder), a __pycache__ symlink, a limit exceeded, a process that outlives its
+   fix (tests/test_hostile_state.py, test_hostile_restore.py, test_limits.py, run as they are).
 
 The CI tests run a sample of each (tests/test_reliability_*.py, tests/test_hostile_input.py).
 """
@@ -81,6 +86,45 @@ def run_named(parts: list[tuple[str, callable]], work: Path, kind: str, jobs: in
     return res
 
 
+def state_cases() -> list[tuple[str, callable]]:
+    """The issue-30 tests, called as they are with a scratch folder for tmp_path (the same code
+    CI runs, not a copy). A pytest skip (no Landlock here) is reported as not run."""
+    from tests import test_hostile_restore as HR
+    from tests import test_hostile_state as HS
+    from tests import test_limits as TL
+
+    def case(fn, *args, what: str):
+        def run(w: Path):
+            w.mkdir(parents=True, exist_ok=True)
+            try:
+                fn(w, *args)
+            except BaseException as exc:
+                if type(exc).__name__ == "Skipped":  # pytest.skip
+                    raise L.Skip(str(exc)) from None
+                raise
+            return what
+
+        return run
+
+    out: list[tuple[str, callable]] = []
+    for mode in ("auto", "hook"):
+        out.append((f"forged state record ({mode})", case(HS.test_a_state_record_claiming_every_fix_applied_is_drift_for_apply_verify_and_revert, mode, what="drift, exit 5")))
+        out.append((f"planted journal ({mode})", case(HS.test_a_planted_journal_is_never_recovered, mode, what="drift, exit 5, never finished")))
+        out.append((f"survivor after setsid and a double fork ({mode})", case(TL.test_a_setsid_double_forked_grandchild_does_not_outlive_its_fix, mode, what="killed")))
+        for name, setting, body, msg in TL.CASES:
+            out.append((f"limit {setting} exceeded ({mode})", case(TL.test_an_exceeded_limit_fails_the_fix_naming_it, name, setting, body, msg, mode, what="fix X exceeded, exit 4")))
+    for mode in ("landlock", "hook"):
+        out.append((f"folder swapped for a symlink by another process ({mode})", case(HR.test_another_process_swaps_a_folder_made_during_the_run_for_a_symlink, mode, what="exit 6, nothing restored through it")))
+    out.append(("fix swaps its folder for a symlink (hook)", case(HR.test_a_fix_that_swaps_its_folder_for_a_symlink_gets_no_write_outside_without_the_kernel, what="exit 6, nothing restored through it")))
+    out.append(("package folder swapped during the commit", case(HR.test_a_commit_never_writes_through_a_package_folder_swapped_for_a_symlink, what="exit 6, nothing written through it")))
+    out.append(("__pycache__ symlink", case(HR.test_stale_bytecode_is_never_removed_through_a_pycache_symlink, what="exit 6, nothing removed through it")))
+    out.append(("state folder a symlink, or writable by others", case(HR.test_a_state_folder_that_is_a_symlink_or_not_ours_is_refused, what="exit 6, nothing written")))
+    out.append(("state folder swapped for a symlink mid-run", case(HR.test_a_state_folder_swapped_during_the_run_gets_no_write, what="exit 6, nothing written through it")))
+    out.append(("pinned step, unpinned journal files", case(HS.test_a_journal_whose_step_is_pinned_but_whose_files_are_not_is_refused, what="drift, exit 5")))
+    out.append(("change file over 1 MiB", case(TL.test_a_change_file_larger_than_the_bound_is_refused_before_it_is_read, what="exit 2")))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sample", type=int, default=None, help="kill only N points per sweep (default: every point)")
@@ -90,7 +134,7 @@ def main() -> int:
     ap.add_argument("--real-head", type=int, default=None, help="sample the real profile's points among its first N only (no full enumeration run)")
     ap.add_argument("--jobs", type=int, default=1, help="kill points run in parallel")
     ap.add_argument("--skip-real", action="store_true", help="leave out the v0.26.0 release tree")
-    ap.add_argument("--only", nargs="*", default=["sweep", "faults", "concurrency", "hostile", "sandbox"])
+    ap.add_argument("--only", nargs="*", default=["sweep", "faults", "concurrency", "hostile", "sandbox", "state"])
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = ap.parse_args()
@@ -113,7 +157,14 @@ def main() -> int:
                     continue
                 say(f"sandbox escapes, {mode}:")
                 r = run_named([(f"{e.id} ({mode})", lambda w, e=e, mode=mode: S.run_escape(e, mode, w) and e.what) for e in S.ESCAPES], work, f"sandbox-{mode}", args.jobs)
+                if mode == "hook":
+                    refused = sum(e.hook == "refused" for e in S.ESCAPES)
+                    label = f"{label} ({len(S.ESCAPES) - refused}) or refused by no capabilities or the privileged-call filter ({refused})"
                 figures[f"sandbox-{mode}"] = {"tried": r["tried"], "ok": r["survived"], "failed": r["failed"], "label": label}
+
+        if "state" in args.only:
+            say("state, restores, limits, survivors:")
+            figures["state"] = run_named(state_cases(), work, "state", args.jobs)
 
         if "faults" in args.only:
             say("resource faults: an injected ENOSPC at every file write of a run")
@@ -188,10 +239,17 @@ def main() -> int:
     if "hostile" in figures:
         h = figures["hostile"]
         rows.append(("hostile and malformed input", f"{h['tried']} cases", f"{h['refused']} refused as expected", f"{len(h['failed'])} failed"))
-    for mode, what in (("landlock", "a fix's process writing outside its targets or its metadata by libc: Landlock + seccomp on"), ("hook", "the same with both forced off (audit hook + snapshot)")):
+    for mode, what in (
+        ("landlock", "a fix's process escaping by libc (writes, metadata, device nodes, other processes, sockets, modules, fork): Landlock + seccomp on"),
+        ("hook", "the same with Landlock and the metadata filter forced off (capabilities dropped, privileged-call filter, audit hook, snapshot)"),
+    ):
         if f"sandbox-{mode}" in figures:
             x = figures[f"sandbox-{mode}"]
-            rows.append((what, f"{x['tried']} escapes", f"{x['ok']} {x['label']}, tree unchanged", f"{len(x['failed'])} failed"))
+            rows.append((what, f"{x['tried']} escapes", f"{x['ok']} {x['label']}; tree and a decoy outside it unchanged", f"{len(x['failed'])} failed"))
+    if "state" in figures:
+        x = figures["state"]
+        rows.append(("forged state record, planted journal, folders swapped for symlinks mid-run, limits, survivors (each with the kernel layers on and off)",
+                     f"{x['tried']} cases", f"{x['survived']} refused or contained as expected, nothing outside the tree changed", f"{len(x['failed'])} failed"))
     print("| what | tried | outcome | lost / failed |")
     print("|---|---|---|---|")
     for r in rows:
@@ -205,7 +263,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     bad = any(s["files_lost"] or s["recovered"] != s["tried"] for s in figures["sweeps"])
-    bad |= any(figures.get(p, {}).get("failed") for p in ("enospc", "faults", "concurrency", "hostile", "sandbox-landlock", "sandbox-hook"))
+    bad |= any(figures.get(p, {}).get("failed") for p in ("enospc", "faults", "concurrency", "hostile", "sandbox-landlock", "sandbox-hook", "state"))
     return 1 if bad else 0
 
 

@@ -21,7 +21,7 @@ from fixpack.lockfile import Lock, selection_key
 from fixpack.pack import Fix, Pack, Port, Profile
 from fixpack.paths import resolve_inside
 from fixpack.runner import DEFAULT_TIMEOUT, Runner, protection_text
-from fixpack.state import Layer, StateRecord, Step, Unreadable, expected_after
+from fixpack.state import Journal, Layer, StateRecord, Step, Unreadable, expected_after, pinned_steps
 from fixpack.store import Store, fs_error
 from fixpack.verify import Lines
 from fixpack.worker import sealed
@@ -67,6 +67,7 @@ class Engine:
             self.report,
             timeout=self.timeout,
             check_idempotent=self.check_idempotent,
+            store=self.store,
         )
         self.pinned: list[Step] | None = None  # the lock's steps for this selection
         if self.lock is not None:
@@ -96,6 +97,13 @@ class Engine:
         if package not in self.found:
             raise BaseMismatch(f"{rel}: package {package} not found")
         return resolve_inside(self.found[package], sub, where=rel)
+
+    def root(self, rel: str) -> Path:
+        """The package folder ``rel`` is in: where writes to it are walked from (fixpack.dirfd)."""
+        package = rel.split("/", 1)[0]
+        if package not in self.found:
+            raise BaseMismatch(f"{rel}: package {package} not found")
+        return self.found[package]
 
     def current(self, rels) -> dict[str, str | None]:
         """Each target's sha256 (None: missing)."""
@@ -166,9 +174,12 @@ class Engine:
         return self._ident
 
     def applied_steps(self, state: StateRecord | Unreadable | None) -> list[Step]:
-        """What is applied now, checked against the files. Raises on drift or a foreign base."""
+        """What is applied now, checked against the lock's pins and the files. Raises on drift
+        or a foreign base."""
         if isinstance(state, StateRecord):
             steps = state.steps
+            if self.lock is not None:
+                pinned_steps(self.lock, state.key, steps, self.store.state_path)
             exp = expected_after(steps)
             cur = self.current(exp)
             bad = [rel for rel in exp if cur[rel] != exp[rel]]
@@ -227,7 +238,24 @@ class Engine:
 
     # ---- journal
     def recover(self) -> None:
-        journal.recover(self.store, self, self.report)
+        journal.recover(self.store, self, self.report, None if self.lock is None else self._check_journal)
+
+    def _check_journal(self, j: Journal) -> None:
+        """A journal is finished only when every state it names is one the lock pins for its fix
+        in the selection it was committing: else a planted journal would launder its bytes."""
+        assert self.lock is not None
+        where = self.store.journal_path
+        key = j.state_base.key
+        pins = pinned_steps(self.lock, key, [*j.steps_before, j.step], where)
+        want = pins[j.step.fix]
+        for rel, pair in j.files.items():
+            exp = want.get(rel) if j.op == "apply" else list(reversed(want.get(rel) or []))
+            if j.op not in ("apply", "unwind") or list(pair) != exp:
+                raise Drift(
+                    f"{where}: {j.op} {j.step.fix} records {rel} as {short(pair[0])} -> {short(pair[1])}, which {self.lock.path.name} "
+                    f"does not pin for selection {key}; the journal is not trusted and nothing was recovered from it. "
+                    "Run `fixpack verify`; restore the file (reinstall its package), then remove the journal"
+                )
 
     def commit(
         self, op: str, step: Step, changes: dict[str, tuple[bytes, bytes]], steps_before: list[Step]
@@ -264,6 +292,8 @@ class Engine:
             (f.id, self._fix_hash[f.id]) for f in self.fixes
         ]:
             return False
+        if [s.files for s in steps] != [s.files for s in self.pinned]:
+            return False  # a record the lock does not pin: the full path names it as drift
         exp = expected_after(self.pinned)
         exp_state = expected_after(steps)
         if exp != exp_state:

@@ -24,37 +24,140 @@ import subprocess
 import sys
 import time
 
+# What is kept of each of a child's streams: its start (the first line says what confined the
+# process) and its end (the last line is the result), with the bytes between counted, not kept.
+HEAD_BYTES, TAIL_BYTES = 64 << 10, 1 << 20
+_PR_SET_CHILD_SUBREAPER = 36
 
-def _drain(pid: int, fds: dict[int, bytearray], timeout: float) -> tuple[int | None, bool]:
-    """Read the child's pipes until they close and it exits; kill it after ``timeout``."""
+
+class Capture:
+    """A stream's start and end, with what was left out between them counted."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        if len(self.head) < HEAD_BYTES:
+            take = HEAD_BYTES - len(self.head)
+            self.head += chunk[:take]
+            chunk = chunk[take:]
+        self.tail += chunk
+        if len(self.tail) > TAIL_BYTES:
+            cut = len(self.tail) - TAIL_BYTES
+            self.dropped += cut
+            del self.tail[:cut]
+
+    def text(self) -> str:
+        gap = f"\n[... {self.dropped} bytes of output left out ...]\n".encode() if self.dropped else b""
+        return bytes(self.head + gap + self.tail).decode("utf-8", "replace")
+
+
+def _children() -> list[int]:
+    """This process's children (this server is single-threaded: its own task's list)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: every process's parent, from /proc
+        out = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                            out.append(int(name))
+                except (OSError, ValueError, IndexError):
+                    continue
+        return out
+
+
+def end_descendants() -> int:
+    """Kill every process left below this server once a fix's process has ended; returns how
+    many. The server is a subreaper (PR_SET_CHILD_SUBREAPER), so a descendant orphaned by its
+    parent's exit, by setsid or a double fork too, becomes its child instead of init's: each is
+    killed and reaped until none is left (a killed one's own children come up next round)."""
+    killed = 0
+    for _ in range(1000):
+        kids = _children()
+        if not kids:
+            break
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/stat") as f:
+                    running = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except (OSError, IndexError):
+                running = True
+            try:
+                os.kill(kid, signal.SIGKILL)
+                killed += running  # one that had exited already (a zombie) is only reaped
+            except ProcessLookupError:
+                pass
+        for kid in kids:
+            try:
+                os.waitpid(kid, 0)
+            except ChildProcessError:
+                pass
+    return killed
+
+
+def _drain(pid: int, fds: dict[int, Capture], timeout: float) -> tuple[int | None, bool, dict]:
+    """Read the child's pipes until it exits and they close; kill it after ``timeout``. Once it
+    has exited, whatever it left running is ended, so that no descendant holds the pipes open."""
     sel = selectors.DefaultSelector()
     for fd in fds:
         sel.register(fd, selectors.EVENT_READ)
+    pidfd: int | None
+    try:
+        pidfd = os.pidfd_open(pid)
+        sel.register(pidfd, selectors.EVENT_READ)
+    except (AttributeError, OSError):  # before Linux 5.3: the pipes closing says it
+        pidfd = None
     deadline = time.monotonic() + timeout
     timed_out = False
+    status: int | None = None
+    usage = None
+    killed = 0
     while sel.get_map():
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
             break
         for key, _ in sel.select(left):
+            if key.fd == pidfd:
+                _, status, usage = os.wait4(pid, 0)
+                sel.unregister(pidfd)
+                killed += end_descendants()
+                continue
             chunk = os.read(key.fd, 65536)
             if chunk:
-                fds[key.fd] += chunk
+                fds[key.fd].add(chunk)
             else:
                 sel.unregister(key.fd)
     sel.close()
+    if pidfd is not None:
+        os.close(pidfd)
     if timed_out:
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
+            pass
+        try:
             os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
+        except OSError:
+            pass
+    if status is None:
+        _, status, usage = os.wait4(pid, 0)
     try:  # whatever the fix's process started (in its group) ends with it
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
-    return (None if timed_out else os.waitstatus_to_exitcode(status)), timed_out
+    killed += end_descendants()
+    used: dict = {"cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "maxrss_kb": usage.ru_maxrss} if usage else {}
+    if killed:
+        used["killed"] = killed
+    return (None if timed_out else os.waitstatus_to_exitcode(status)), timed_out, used
 
 
 def _run_job(job: dict) -> dict:
@@ -87,11 +190,15 @@ def _run_job(job: dict) -> dict:
                 os._exit(code)
     os.close(out_w)
     os.close(err_w)
-    bufs = {out_r: bytearray(), err_r: bytearray()}
-    rc, timed_out = _drain(pid, bufs, float(job.get("timeout", 120)))
+    bufs = {out_r: Capture(), err_r: Capture()}
+    rc, timed_out, used = _drain(pid, bufs, float(job.get("timeout", 120)))
     os.close(out_r)
     os.close(err_r)
-    return {"rc": rc, "timed_out": timed_out, "stdout": bufs[out_r].decode("utf-8", "replace"), "stderr": bufs[err_r].decode("utf-8", "replace")}
+    reply = {"rc": rc, "timed_out": timed_out, "stdout": bufs[out_r].text(), "stderr": bufs[err_r].text(), "usage": used}
+    dropped = {name: bufs[fd].dropped for name, fd in (("stdout", out_r), ("stderr", err_r)) if bufs[fd].dropped}
+    if dropped:
+        reply["dropped"] = dropped
+    return reply
 
 
 def _import_codemod_kind() -> None:
@@ -140,8 +247,16 @@ def serve(preload: str = "") -> int:
         import fixpack.kinds.diff  # noqa: F401
     import fixpack.kinds.edit  # noqa: F401 - an edit, and a codemod's SCOPE, locate definitions with it
     import fixpack.landlock  # noqa: F401 - ctypes, for each child's confinement
+    import fixpack.limits  # noqa: F401
+    import fixpack.privilege  # noqa: F401
+    import fixpack.seccomp  # noqa: F401
     import fixpack.worker  # noqa: F401
 
+    # A descendant of a fix's process that outlives it (setsid, a double fork) becomes this
+    # server's child, not init's, and is ended after the job (end_descendants). Where prctl
+    # fails, the fix's process group is still killed, and the seccomp filter refuses any new
+    # process in the first place (fixpack.seccomp).
+    fixpack.landlock._libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     # What is imported stays for every child: out of the collector's reach, a child's collection
     # neither walks nor copies (copy-on-write) those objects.
     gc.freeze()

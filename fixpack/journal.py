@@ -9,14 +9,14 @@ commit it records (`recover`); a commit that fails part-way puts back what it re
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from fixpack.errors import Drift
 from fixpack.hashing import short
 from fixpack.state import Journal, StateRecord, Step, Unreadable
-from fixpack.store import Store, atomic_write, crashpoint, drop_bytecode, fs_error
+from fixpack.store import Store, crashpoint, drop_bytecode, replace_in_tree
 from fixpack.verify import Lines
 
 
@@ -24,6 +24,8 @@ class Files(Protocol):
     """The target files of a run, by package-relative path."""
 
     def path(self, rel: str) -> Path: ...
+
+    def root(self, rel: str) -> Path: ...
 
     def current(self, rels) -> dict[str, str | None]: ...
 
@@ -51,13 +53,10 @@ def commit(
             # The target may have been swapped (directory, symlink, other bytes) since it was read.
             if files_of.current([rel])[rel] != files[rel][0]:
                 raise Drift(f"{rel}: changed while {step.fix} was being committed; nothing of this fix was kept")
-            try:
-                like = os.stat(p)
-            except OSError as exc:
-                raise fs_error(exc, f"cannot stat {p}") from exc
-            atomic_write(p, new, like=like, label=rel)
+            # through descriptors walked from the package folder: a folder swapped is refused (exit 6)
+            replace_in_tree(files_of.root(rel), p, new, label=rel)
             done.append(rel)
-            drop_bytecode(p)
+            drop_bytecode(p, files_of.root(rel))
         steps = after_op(op, step, steps_before)
         store.write_state(base.with_steps(steps))
     except Exception:
@@ -91,8 +90,8 @@ def roll_back(
         for rel in done:
             p = files_of.path(rel)
             if files_of.current([rel])[rel] == files[rel][1]:
-                atomic_write(p, changes[rel][0], like=os.stat(p), label=f"{rel} (roll back)")
-                drop_bytecode(p)
+                replace_in_tree(files_of.root(rel), p, changes[rel][0], label=f"{rel} (roll back)")
+                drop_bytecode(p, files_of.root(rel))
         store.clear_journal()
     except Exception as exc:  # keep the first error; the journal tells the next run what to do
         report.say(
@@ -100,24 +99,28 @@ def roll_back(
         )
 
 
-def recover(store: Store, files_of: Files, report: Lines) -> None:
-    """Finish the commit an interrupted run left in the journal, if any."""
+def recover(store: Store, files_of: Files, report: Lines, check: Callable[[Journal], None] | None = None) -> None:
+    """Finish the commit an interrupted run left in the journal, if any. ``check`` (the engine's,
+    against the lock) raises Drift for a journal whose states the lock does not pin: it is
+    never finished, so no byte it names is written."""
     journal = store.read_journal()
     if journal is None:
         return
     if isinstance(journal, Unreadable):
         raise Drift(f"{store.journal_path} is unreadable; inspect the files with `fixpack verify`, then remove it")
+    if check is not None:
+        check(journal)
     report.say(f"recovering an interrupted run: {journal.op} {journal.step.fix}")
     cur = files_of.current(journal.files)
     for rel, (src, dst) in journal.files.items():
         if cur[rel] == dst:
-            drop_bytecode(files_of.path(rel))  # the kill may have come between the rename and this
+            drop_bytecode(files_of.path(rel), files_of.root(rel))  # the kill may have come between the rename and this
             continue
         if cur[rel] != src:
             raise Drift(f"{rel}: interrupted run left {short(cur[rel])}, neither {short(src)} nor {short(dst)}")
         p = files_of.path(rel)
-        atomic_write(p, store.get(dst), like=os.stat(p), label=rel)
-        drop_bytecode(p)
+        replace_in_tree(files_of.root(rel), p, store.get(dst), label=rel)
+        drop_bytecode(p, files_of.root(rel))
     state = store.read_state()
     if not isinstance(state, StateRecord):
         state = journal.state_base.with_steps(journal.steps_before)

@@ -1,7 +1,8 @@
 """Kernel confinement of a fix's process with Landlock (Linux 5.13 and later).
 
 A fix's process may read anything, and may write, create, link, rename, truncate or remove
-only beneath its staging folder; it may execute no program, bind or connect no TCP socket
+only beneath its staging folder (regular files, folders and symlinks: no device node, FIFO or
+socket, there either); it may execute no program, bind or connect no TCP socket
 (ABI 4) and signal no process outside its own sandbox (ABI 6). The rules bind the process
 and every process it makes, and cannot be lifted from inside: unlike the audit hook, they
 also hold against ctypes, ``dir_fd`` names, hard links and ``/proc/self/fd`` reopening.
@@ -91,7 +92,8 @@ def confine(write_dir: str) -> int:
     try:
         fd = os.open(write_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            rule = _PathBeneathAttr(handled_fs & ~(EXECUTE | IOCTL_DEV), fd)
+            # beneath the stage: files and folders, never a program, a device node, a FIFO or a socket
+            rule = _PathBeneathAttr(handled_fs & ~(EXECUTE | IOCTL_DEV | MAKE_CHAR | MAKE_BLOCK | MAKE_FIFO | MAKE_SOCK), fd)
             if libc.syscall(_NR[1], ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
                 err = ctypes.get_errno()
                 raise Unavailable(err, f"landlock_add_rule({write_dir}): {os.strerror(err)}")

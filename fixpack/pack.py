@@ -108,6 +108,7 @@ def load_fix(fix_dir: Path, *, layer: str = "profile") -> Fix:
     fix = Fix(fid, fix_dir, kind, targets, data, layer)
     if not fix.change_file.is_file():
         raise ConfigError(f"{where}: kind is {kind!r} but {fix.change_file.name} does not exist in {fix_dir}")
+    schema.check_size(fix.change_file)
     for other_kind, name in kinds.CHANGE_FILES.items():
         if other_kind != kind and (fix_dir / name).exists():
             raise ConfigError(f"{where}: kind is {kind!r} but {name} exists too; keep one change per fix")

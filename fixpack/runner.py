@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from fixpack import forkserver
+from fixpack import limits as rlimits
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.pack import Fix
-from fixpack.store import fs_error
+from fixpack.store import Store, fs_error
 from fixpack.verify import Lines
 from fixpack.watch import TreeWatch
 from fixpack.worker import SANDBOX_MODES, sealed
@@ -40,8 +41,10 @@ class Runner:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         check_idempotent: bool = False,
+        store: Store | None = None,
     ):
         self.roots = roots  # the package folders the fixes' targets are in
+        self.store = store  # the state folder, opened once: the stages are made through it
         self.state_dir = state_dir
         self.report = report
         self.timeout = timeout
@@ -49,6 +52,7 @@ class Runner:
         self.sandbox = os.environ.get("FIXPACK_SANDBOX", "auto") or "auto"
         if self.sandbox not in SANDBOX_MODES:
             raise ConfigError(f"FIXPACK_SANDBOX={self.sandbox}: expected one of {', '.join(SANDBOX_MODES)}")
+        self.limits = rlimits.parse(os.environ.get("FIXPACK_LIMITS"))  # per fix's process; ConfigError if malformed
         self.protection: dict | None = None  # what confined the fix processes of this run
         self._forkservers: dict[str, ForkServer] = {}  # "" for diffs and edits, "codemod" for codemods
         self._watch: TreeWatch | None = None
@@ -101,21 +105,35 @@ class Runner:
         (seconds) replaces the runner's own for this fix; ``known``: the lock's record of where
         the fix's definitions sit in its pinned texts (fixpack.kinds.edit.locate)."""
         timeout = self.timeout if timeout is None else timeout
-        stage = self.state_dir / "staging" / fix.id
-        shutil.rmtree(stage, ignore_errors=True)
-        try:
-            stage.mkdir(parents=True)
-        except OSError as exc:
-            raise fs_error(exc, f"cannot create {stage}") from exc
+        if self.store is not None:
+            stage = self.store.stage(fix.id)  # through the state folder's descriptor (fixpack.store)
+        else:
+            stage = self.state_dir / "staging" / fix.id
+            shutil.rmtree(stage, ignore_errors=True)
+            try:
+                stage.mkdir(parents=True)
+            except OSError as exc:
+                raise fs_error(exc, f"cannot create {stage}") from exc
+        # The fix's process holds no capability (fixpack.privilege): a target it could not read
+        # itself (another owner's, mode 0600) is read here and handed over as a copy in its stage.
+        staged_in: dict[str, str] = {}
+        for i, (rel, src) in enumerate(inputs.items()):
+            copy = stage / f"{i}.in"
+            try:
+                copy.write_bytes(Path(src).read_bytes())
+            except OSError as exc:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise fs_error(exc, f"{fix.id}: cannot hand {src} to its process through {copy}") from exc
+            staged_in[rel] = str(copy)
         job: dict[str, Any] = {
             "fix_dir": str(fix.dir),
             "kind": fix.kind,
             "stage_dir": str(stage),
             "check_idempotent": self.check_idempotent,
             "sandbox": self.sandbox,
+            "limits": self.limits,
             "targets": [
-                {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")}
-                for i, (rel, src) in enumerate(inputs.items())
+                {"rel": rel, "src": staged_in[rel], "out": str(stage / f"{i}.out")} for i, rel in enumerate(inputs)
             ],
             # An output equal to its pin was compiled when the pin was recorded; the worker need not compile it again.
             "expect": {rel: pins[rel][1] for rel in inputs} if pins else {},
@@ -130,6 +148,10 @@ class Runner:
             self._check_outside(fix, watch, stage)
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(f"{fix.id}: {exc}; nothing was written") from None
+        if self.store is not None:
+            # the stage's path led into the state folder when the process was confined to it; if
+            # the folder was swapped since, its outputs are not read from wherever it leads now
+            self.store.check_folder()
         got = self.protection_of(proc)
         if sealed(got):
             # The kernel kept this process from changing anything outside its stage; the trees
@@ -148,8 +170,23 @@ class Runner:
             result = json.loads(lines[-1]) if lines else {}
         except ValueError:
             result = {}
+        used = proc.get("usage") or {}
+        if used.get("killed"):
+            self.report.say(
+                f"warning: fix {fix.id} left {used['killed']} process(es) running after its own ended; they were killed before the tree was compared"
+            )
         if proc["rc"] != 0 or "outputs" not in result:
             err = result.get("error") or (proc["stderr"].strip().splitlines() or ["crashed with no output"])[-1]
+            over = rlimits.exceeded(
+                self.limits,
+                error=str(result.get("error") or ""),
+                errno_=result.get("errno"),
+                signal_=-proc["rc"] if isinstance(proc["rc"], int) and proc["rc"] < 0 else None,
+                cpu_s=float(used.get("cpu_s") or 0),
+            )
+            if over:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise FixFailed(f"fix {fix.id} exceeded the {over}: {err}; nothing was written")
             if result.get("errno") in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 shutil.rmtree(stage, ignore_errors=True)
                 raise fs_error(OSError(result["errno"], err), f"{fix.id}: cannot write its output in {stage}")
@@ -161,7 +198,7 @@ class Runner:
                 + "\nnothing was written"
             )
         produced = {p.name for p in stage.iterdir()}
-        expected = {Path(t["out"]).name for t in job["targets"]}
+        expected = {Path(t["out"]).name for t in job["targets"]} | {Path(t["src"]).name for t in job["targets"]}
         if produced - expected:
             shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(
@@ -245,12 +282,11 @@ class Runner:
             return
         self._watch.restore(changed)
         self._watch.take()
-        lines = [
-            f"  {c.path}: {c.what}{' (' + c.fields + ')' if c.fields else ''}; {'restored' if c.restored else 'NOT restored'} ({c.how})"
-            for c in changed
-        ]
+        lines = [f"  {c.line()}" for c in changed]
+        swapped = "".join(c.line() + "\n" for c in changed if c.replaced)
         raise EnvironmentFault(
-            f"{changed[0].path} changed outside the fixes' targets while this run applied {', '.join(ran)}"
+            swapped
+            + f"{changed[0].path} changed outside the fixes' targets while this run applied {', '.join(ran)}"
             + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
             + ":\n"
             + "\n".join(lines)
@@ -268,10 +304,18 @@ class Runner:
         shutil.rmtree(stage, ignore_errors=True)
         watch.restore(changed)
         watch.take()
-        lines = [
-            f"  {c.path}: {c.what}{' (' + c.fields + ')' if c.fields else ''}; {'restored' if c.restored else 'NOT restored'} ({c.how})"
-            for c in changed
-        ]
+        lines = [f"  {c.line()}" for c in changed]
+        swapped = [c for c in changed if c.replaced]
+        if swapped:
+            # a folder of the tree was swapped (for a symlink, say) during the run: refused, never
+            # written through; the fix's process is blamed because it was not sealed, and it
+            # may have been another process (without the kernel's seal, fixpack cannot tell)
+            raise EnvironmentFault(
+                "\n".join(c.line() for c in swapped)
+                + f"\nwhile fix {fix.id} ran (its process, or another process: it was not sealed by the kernel), the tree changed outside its targets:\n"
+                + "\n".join(lines)
+                + "\nnothing of this fix was written. Find what replaced the folder, restore the package (reinstall it), then run `fixpack verify`"
+            )
         first = changed[0].path
         left = [c.path for c in changed if not c.restored]
         raise FixFailed(
@@ -289,9 +333,17 @@ class Runner:
 
 
 def protection_text(p: dict) -> str:
+    # what was dropped and filtered in every mode (absent from records made before issue 30)
+    extra = "; no capabilities" if p.get("capabilities") == "none" else ""
+    if p.get("syscall_filter"):
+        extra += (
+            f"; privileged-call filter: {p['syscall_filter']}"
+            if p["syscall_filter"].startswith("none")
+            else "; privileged-call filter"
+        )
     if sealed(p):
-        return f"landlock ABI {p.get('abi')} + seccomp + audit hook + snapshot per run"
+        return f"landlock ABI {p.get('abi')} + seccomp + audit hook + snapshot per run{extra}"
     if p.get("sandbox") == "landlock":
         why = f"; no seccomp filter: {p['seccomp_reason']}" if p.get("seccomp_reason") else ""
-        return f"landlock ABI {p.get('abi')} + audit hook + snapshot per fix{why}"
-    return f"audit hook + snapshot (no Landlock: {p.get('reason', 'unknown')})"
+        return f"landlock ABI {p.get('abi')} + audit hook + snapshot per fix{why}{extra}"
+    return f"audit hook + snapshot (no Landlock: {p.get('reason', 'unknown')}){extra}"

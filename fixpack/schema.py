@@ -5,6 +5,7 @@ Loading is always yaml.safe_load; every error names the file and the key.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -108,9 +109,26 @@ def _strict_loader(yaml):
     return _LOADER
 
 
+# The most bytes a file of the pack may have (fix.yaml, a change file, a profile): the largest
+# change in the pack is under 10 KB; this bound keeps a damaged or hostile pack from making
+# fixpack read, hash and parse hundreds of MB (checked by size before the file is read).
+MAX_PACK_FILE = 1 << 20
+
+
+def check_size(path: Path) -> None:
+    """ConfigError naming ``path`` when it is larger than a pack file may be."""
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return  # reading it reports what is wrong
+    if size > MAX_PACK_FILE:
+        raise ConfigError(f"{path}: {size} bytes; a pack file may have at most {MAX_PACK_FILE} ({MAX_PACK_FILE >> 20} MiB); nothing was read")
+
+
 def load_yaml(path: Path) -> Any:
     import yaml
 
+    check_size(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:

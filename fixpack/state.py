@@ -108,6 +108,54 @@ def expected_after(steps: list[Step]) -> dict[str, str]:
     return exp
 
 
+def selection_pins(lock, key: str | None) -> dict[str, dict[str, list[str]]] | None:
+    """fix -> {rel: [before, after]} that ``lock`` pins for selection ``key`` (None: not pinned)."""
+    sel = next((s for s in lock.data.get("selections", []) if s.get("key") == key), None)
+    return None if sel is None else {p["fix"]: p["files"] for p in sel["steps"]}
+
+
+def unpinned(lock, key: str | None, pins: dict | None, step: Step) -> str | None:
+    """Why ``step`` is not a step ``lock`` pins for selection ``key`` (None: it is): the same
+    fix, the same files, the same hashes before and after."""
+    from fixpack.hashing import short
+
+    if pins is None:
+        return f"records selection {key!r}, which {lock.path.name} does not pin"
+    want = pins.get(step.fix)
+    if want is None:
+        return f"records fix {step.fix}, which {lock.path.name} does not pin for selection {key}"
+    for rel in sorted(set(step.files) | set(want)):
+        got, exp = step.files.get(rel), want.get(rel)
+        if got is None or exp is None or list(got) != list(exp):
+            return (
+                f"fix {step.fix} records {rel} as {'nothing' if got is None else short(got[0]) + ' -> ' + short(got[1])}, "
+                f"but {lock.path.name} pins {'nothing' if exp is None else short(exp[0]) + ' -> ' + short(exp[1])} for selection {key}"
+            )
+    return None
+
+
+def pinned_steps(lock, key: str | None, steps: list[Step], record) -> dict[str, dict[str, list[str]]]:
+    """Check that every one of ``steps`` (read from ``record``, a state record or a journal) is
+    a step ``lock`` pins for selection ``key``. A record is trusted only that far: one the lock
+    does not pin (planted, or stale) would make fixpack skip, recover or restore bytes it never
+    checked. Raises Drift naming the record and the file; returns the selection's pins by fix."""
+    from fixpack.errors import Drift
+
+    pins = selection_pins(lock, key)
+    whys = (
+        [unpinned(lock, key, pins, s) for s in steps]
+        if pins is not None
+        else [f"records selection {key!r}, which {lock.path.name} does not pin"]
+    )
+    for why in whys:
+        if why:
+            raise Drift(
+                f"{record}: {why}; the record is not trusted and nothing was changed. "
+                "Run `fixpack verify`; revert with the pack that applied it, or reinstall the package"
+            )
+    return pins or {}
+
+
 # The record's own keys; anything else read from a file is kept as it was.
 _STATE_KEYS = (
     "profile",

@@ -114,8 +114,86 @@ def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None,
         raise fs_error(exc, f"cannot write {path}") from exc
 
 
-def drop_bytecode(path: Path) -> None:
-    """A rewritten .py must never run as its stale .pyc."""
+def replace_in_tree(root: Path, path: Path, data: bytes, *, label: str = "") -> None:
+    """`atomic_write` for a file of a package folder (``root``), made entirely through a
+    descriptor of its folder, walked from ``root`` without following a symlink (fixpack.dirfd):
+    a folder on the way swapped during the run is refused (exit 6), never written through. The
+    new file keeps the old one's owner and mode."""
+    from fixpack import dirfd
+
+    pfd, name = dirfd.open_parent(str(root), str(path), lambda _: None, done="written")
+    tmp = f".{name}.fixpack-tmp"
+    try:
+        try:
+            like = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except OSError as exc:
+            raise fs_error(exc, f"cannot stat {path}") from exc
+        try:
+            try:
+                os.unlink(tmp, dir_fd=pfd)  # left by a killed run, or planted: never written through
+            except FileNotFoundError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+                try:  # owner first: chown clears setuid/setgid bits
+                    os.fchown(fd, like.st_uid, like.st_gid)
+                except PermissionError:
+                    pass
+                os.fchmod(fd, like.st_mode & 0o7777)
+            finally:
+                os.close(fd)
+            crashpoint(f"staged {label or path.name}")
+            os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+            crashpoint(f"renamed {label or path.name}")
+            try:
+                os.fsync(pfd)
+            except OSError:
+                pass
+        except OSError as exc:
+            try:
+                os.unlink(tmp, dir_fd=pfd)
+            except OSError:
+                pass
+            raise fs_error(exc, f"cannot write {path}") from exc
+    finally:
+        os.close(pfd)
+
+
+def drop_bytecode(path: Path, root: Path | None = None) -> None:
+    """A rewritten .py must never run as its stale .pyc. With ``root`` (its package folder), the
+    __pycache__ folder is reached through descriptors, as `replace_in_tree` reaches the file."""
+    if root is not None:
+        from fixpack import dirfd
+
+        pfd, _ = dirfd.open_parent(str(root), str(path), lambda _: None, done="removed")
+        try:
+            try:
+                cfd = os.open("__pycache__", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink planted there: never followed
+                    raise dirfd.ParentReplaced(str(path.parent / "__pycache__"), "not a folder", done="removed") from None
+                raise fs_error(exc, f"cannot open {path.parent / '__pycache__'}") from exc
+        finally:
+            os.close(pfd)
+        try:
+            stem = f"{path.stem}."
+            for entry in os.listdir(cfd):
+                if entry.startswith(stem) and entry.endswith(".pyc") and len(entry) >= len(stem) + 4:  # as glob STEM.*.pyc
+                    try:
+                        os.unlink(entry, dir_fd=cfd)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as exc:
+                        raise fs_error(exc, f"cannot remove stale bytecode {path.parent / '__pycache__' / entry}") from exc
+        finally:
+            os.close(cfd)
+        return
     cache = path.parent / "__pycache__"
     if not cache.is_dir():
         return
@@ -151,14 +229,130 @@ class Store:
         self.journal_path = state_dir / "journal.json"
         self.lock_path = state_dir / "lock"
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None  # the state folder, opened once (`_folder`)
+        self._objects_fd: int | None = None
         self._stored: dict[str, tuple] = {}  # objects this Store wrote or read back whole: their stat_entry
+
+    def __del__(self) -> None:
+        for fd in (self._dir_fd, self._objects_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    # ---- the folder, through descriptors
+    def _folder(self) -> int:
+        """A descriptor of the state folder, opened once, never through a symlink at its own
+        name, and only if this user owns it and no one else may write it: every write of the
+        Store is made relative to it, so a `.fixpack` swapped for a symlink (by whoever owns the
+        folder it sits in) during the run does not redirect a single write (docs/security.md)."""
+        if self._dir_fd is None:
+            try:
+                self.dir.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.mkdir(self.dir, 0o755)
+                except FileExistsError:
+                    pass
+                fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise EnvironmentFault(
+                        f"{self.dir}: the state folder is {'a symlink' if os.path.islink(self.dir) else 'not a folder'}; "
+                        "fixpack keeps its state and backups only in a real folder of its own; nothing was changed"
+                    ) from None
+                raise fs_error(exc, f"cannot create the state folder {self.dir}") from exc
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                os.close(fd)
+                raise EnvironmentFault(
+                    f"{self.dir}: the state folder is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o7777)}; fixpack writes "
+                    f"its state and backups only into a folder owned by the user it runs as (uid {os.geteuid()}) that no one else "
+                    "may write (chown it and chmod go-w, or remove it); nothing was changed"
+                )
+            self._dir_fd = fd
+        return self._dir_fd
+
+    def _subfolder(self, dir_fd: int, name: str, path: Path) -> int:
+        """``name`` in ``dir_fd``, made if missing, opened without following a symlink."""
+        try:
+            try:
+                os.mkdir(name, 0o755, dir_fd=dir_fd)
+            except FileExistsError:
+                pass
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise EnvironmentFault(f"{path}: not a folder (a symlink?) in the state folder; nothing was written through it") from None
+            raise fs_error(exc, f"cannot create {path}") from exc
+
+    def _write(self, dir_fd: int, name: str, data: bytes, path: Path, label: str) -> None:
+        """`atomic_write` relative to a folder descriptor (the same crash points)."""
+        tmp = f".{name}.fixpack-tmp"
+        try:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)  # left by a killed run, or planted (a symlink): never written through
+            except FileNotFoundError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            crashpoint(f"staged {label}")
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            crashpoint(f"renamed {label}")
+            try:
+                os.fsync(dir_fd)
+            except OSError:
+                pass
+        except OSError as exc:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
+            raise fs_error(exc, f"cannot write {path}") from exc
+
+    def check_folder(self) -> None:
+        """The state folder's path still leads to the folder this Store opened: refused (exit 6)
+        if it was swapped (for a symlink, another folder) since."""
+        fd = self._folder()
+        try:
+            st = os.stat(self.dir, follow_symlinks=False)
+        except OSError:
+            st = None
+        mine = os.fstat(fd)
+        if st is None or (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+            raise EnvironmentFault(f"{self.dir}: the state folder was replaced during the run; nothing was written through it")
+
+    def stage(self, name: str) -> Path:
+        """A fresh, empty staging folder for one fix's process, made through the state folder's
+        descriptor (a symlink planted at ``staging`` or at the fix's name is never followed) and
+        checked to be reachable by its path, which is what the fix's process is confined to."""
+        path = self.dir / "staging" / name
+        sfd = self._subfolder(self._folder(), "staging", self.dir / "staging")
+        try:
+            from fixpack.dirfd import remove_tree_at
+
+            try:
+                remove_tree_at(sfd, name)  # left by a killed run
+            except FileNotFoundError:
+                pass
+            os.mkdir(name, 0o700, dir_fd=sfd)
+        except OSError as exc:
+            raise fs_error(exc, f"cannot create {path}") from exc
+        finally:
+            os.close(sfd)
+        self.check_folder()
+        return path
 
     # ---- objects
     def ensure(self) -> None:
-        try:
-            self.objects.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise fs_error(exc, f"cannot create the state folder {self.dir}") from exc
+        if self._objects_fd is None:
+            self._objects_fd = self._subfolder(self._folder(), "objects", self.objects)
 
     def put(self, data: bytes) -> str:
         """Store ``data`` (once: an object already there with these bytes is kept); its sha256."""
@@ -170,11 +364,13 @@ class Store:
         if known is not None and _lstat_entry(path) == known:
             return h
         if not (path.is_file() and sha256_bytes(path.read_bytes()) == h):
+            self.ensure()
+            assert self._objects_fd is not None
+            sub = self._subfolder(self._objects_fd, h[:2], path.parent)
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise fs_error(exc, f"cannot write backup {path}") from exc
-            atomic_write(path, data, label=f"object {h[:12]}")
+                self._write(sub, h[2:], data, path, f"object {h[:12]}")
+            finally:
+                os.close(sub)
         now = _lstat_entry(path)
         if now is not None:
             self._stored[h] = now
@@ -218,7 +414,7 @@ class Store:
 
     def write_state(self, state: StateRecord) -> None:
         data = dict(state.to_json(), format=STATE_FORMAT, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        atomic_write(self.state_path, json.dumps(data, indent=1, sort_keys=True).encode() + b"\n", label="state.json")
+        self._write(self._folder(), "state.json", json.dumps(data, indent=1, sort_keys=True).encode() + b"\n", self.state_path, "state.json")
 
     def read_journal(self) -> Journal | Unreadable | None:
         """The journal of a commit in progress; only a complete one is used."""
@@ -235,13 +431,15 @@ class Store:
         return Journal.from_json(data) if ok else Unreadable(f"{self.journal_path} is incomplete")
 
     def write_journal(self, journal: Journal) -> None:
-        atomic_write(self.journal_path, json.dumps(journal.to_json(), indent=1).encode(), label="journal.json")
+        self._write(self._folder(), "journal.json", json.dumps(journal.to_json(), indent=1).encode(), self.journal_path, "journal.json")
 
     def clear_journal(self) -> None:
         try:
-            self.journal_path.unlink()
+            os.unlink("journal.json", dir_fd=self._folder())
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise fs_error(exc, f"cannot remove {self.journal_path}") from exc
         crashpoint("journal removed")
 
     # ---- lock
@@ -250,7 +448,7 @@ class Store:
 
         self.ensure()
         try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self._folder())
         except OSError as exc:
             raise fs_error(exc, f"cannot open the lock {self.lock_path}") from exc
         deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fixpack.hashing import sha256_file, short
 from fixpack.lockfile import Lock
-from fixpack.state import Unreadable
+from fixpack.state import Unreadable, selection_pins, unpinned
 from fixpack.store import Store
 
 
@@ -69,7 +69,8 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Line
     prot = state.protection or {}
     if prot:
         kernel = f"Landlock ABI {prot.get('abi')}" + (" and seccomp (kernel)" if prot.get("seccomp") else " (kernel)") if prot.get("sandbox") == "landlock" else f"no Landlock ({prot.get('reason')})"
-        report.say(f"  fix processes confined by: {kernel}, audit hook, {prot.get('detection', 'snapshot')} check")
+        dropped = ", no capabilities" if prot.get("capabilities") == "none" else ""
+        report.say(f"  fix processes confined by: {kernel}{dropped}, audit hook, {prot.get('detection', 'snapshot')} check")
     final: dict[str, str] = {}
     for s in state.steps:
         final.update(s.after())
@@ -78,14 +79,23 @@ def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Line
         package, sub = rel.split("/", 1)
         p = found.get(package, Path("/nonexistent")) / sub
         cur[rel] = sha256_file(p) if p.is_file() and not p.is_symlink() else None
+    # a step counts as applied only when the lock pins it for the record's selection: a record
+    # the lock does not pin is drift, whatever the files hold (they may hold what it claims)
+    pins = selection_pins(lock, state.key) if lock else None
     for s in state.steps:
-        ok = all(cur[rel] == final[rel] for rel in s.files)
+        why = unpinned(lock, state.key, pins, s) if lock else None
+        ok = why is None and all(cur[rel] == final[rel] for rel in s.files)
         status = "applied" if ok else "drifted"
-        report.line(s.fix, status, ", ".join(f"{rel}: {short(cur[rel])}" for rel in s.files) if not ok else f"{len(s.files)} file(s)")
-        result["fixes"].append({"fix": s.fix, "status": status, "files": list(s.files), "sandbox": s.sandbox})
+        if why:
+            detail = f"{store.state_path}: {why}"
+        else:
+            detail = ", ".join(f"{rel}: {short(cur[rel])}" for rel in s.files) if not ok else f"{len(s.files)} file(s)"
+        report.line(s.fix, status, detail)
+        result["fixes"].append({"fix": s.fix, "status": status, "files": list(s.files), "sandbox": s.sandbox, **({"unpinned": why} if why else {})})
         result["drift"] |= not ok
+    bad = {rel for st in state.steps if lock and unpinned(lock, state.key, pins, st) for rel in st.files}
     for rel in final:
-        result["files"][rel] = {"status": "fixed" if cur[rel] == final[rel] else "drifted", "found": cur[rel], "expected": final[rel]}
+        result["files"][rel] = {"status": "fixed" if cur[rel] == final[rel] and rel not in bad else "drifted", "found": cur[rel], "expected": final[rel]}
     if lock:
         for rel, h in sorted(lock.pristine.items()):
             if rel in final:

@@ -14,12 +14,15 @@ what is left (mode, times: Landlock does not govern metadata) is restored from t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fixpack import dirfd
+from fixpack.dirfd import ParentReplaced
 from fixpack.store import stat_entry
 
 KEEP_BYTES_UP_TO = 8 << 20  # every .py file; a large binary is named for reinstalling instead
@@ -56,6 +59,21 @@ def scan(roots: list[Path], skip: set[str]) -> dict[str, Entry]:
     return out
 
 
+def _read_entry(path: str, e: Entry) -> bytes | None:
+    """The bytes of the file the snapshot saw at ``path``: not through a symlink put there since,
+    and only if it is the same inode (a folder on the way swapped for a symlink would otherwise
+    have the driver keep, and later put back here, the bytes of a file outside the tree)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != e[:2]:
+            return None
+        return f.read()
+
+
 @dataclass
 class Change:
     path: str
@@ -63,6 +81,14 @@ class Change:
     restored: bool = False
     how: str = ""
     fields: str = ""  # what differs: inode, size, mtime, mode, owner
+    # a folder on its way (or the folder itself) is not the one seen before: nothing was done through it
+    replaced: bool = False
+
+    def line(self) -> str:
+        if self.replaced:
+            return f"{self.path}: {self.how}"
+        fields = f" ({self.fields})" if self.fields else ""
+        return f"{self.path}: {self.what}{fields}; {'restored' if self.restored else 'NOT restored'} ({self.how})"
 
 
 _FIELDS = ("device", "inode", "size", "mtime", "ctime", "mode", "uid", "gid")
@@ -87,6 +113,7 @@ class TreeWatch:
     # `_by_folder`'s index of ``before``, and the dict it was made for (a new snapshot: made again)
     _kids: dict[str, set[str]] = field(default_factory=dict, repr=False)
     _kids_of: dict | None = field(default=None, repr=False)
+    _made: dict[str, tuple] = field(default_factory=dict, repr=False)  # folders a restore made again: (device, inode)
 
     def take(self) -> None:
         """The snapshot a fix's process is compared with."""
@@ -96,10 +123,8 @@ class TreeWatch:
             return
         for path, e in self.before.items():
             if stat.S_ISREG(e[5]) and (path not in self.data and path not in self.digest or old.get(path) != e):
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                except OSError:
+                data = _read_entry(path, e)
+                if data is None:
                     continue
                 if e[2] <= KEEP_BYTES_UP_TO:
                     self.data[path] = data
@@ -194,64 +219,107 @@ class TreeWatch:
 
     def restore(self, changes: list[Change]) -> None:
         """Put back what a fix's process changed: created entries go (deepest first), removed
-        and changed files get their bytes, mode and times back where the driver has them."""
+        and changed files get their bytes, mode and times back where the driver has them. Every
+        write is made through a descriptor of the entry's folder, walked from its package folder
+        without following a symlink (fixpack.dirfd): a folder replaced on the way is refused."""
         created = sorted((c for c in changes if c.what == "created"), key=lambda c: -c.path.count(os.sep))
         others = sorted((c for c in changes if c.what != "created"), key=lambda c: c.path.count(os.sep))
+        self._made = {}
         for c in created + others:
             try:
                 self._restore_one(c)
+            except ParentReplaced:
+                c.replaced, c.how = True, "a parent was replaced during the run; nothing was restored through it"
             except Exception as exc:  # noqa: BLE001 - each change is reported with what went wrong
                 c.how = f"could not restore it: {exc}"
 
+    def _ident(self, path: str) -> tuple | None:
+        """The (device, inode) a folder on the way must have: as in the snapshot, or as made again."""
+        if path in self._made:
+            return self._made[path]
+        e = self.before.get(path)
+        return None if e is None else e[:2]
+
+    def _root_of(self, path: str) -> str:
+        roots = [str(r) for r in self.roots if path == str(r) or path.startswith(str(r) + os.sep)]
+        if not roots:
+            raise ParentReplaced(path, "not under a package folder")
+        return max(roots, key=len)
+
     def _restore_one(self, c: Change) -> None:
         p = c.path
+        root = self._root_of(p)
+        if p == root:  # the package folder itself: its mode, on a descriptor
+            fd = dirfd.open_dir(root, self._ident)
+            try:
+                old = self.before[p]
+                dirfd.set_metadata(fd, uid=old[6], gid=old[7], mode=stat.S_IMODE(old[5]), mtime_ns=None)
+            finally:
+                os.close(fd)
+            c.restored, c.how = True, "folder mode put back"
+            return
+        pfd, name = dirfd.open_parent(root, p, self._ident)
+        try:
+            self._restore_at(c, pfd, name)
+        finally:
+            os.close(pfd)
+
+    def _restore_at(self, c: Change, pfd: int, name: str) -> None:
+        p = c.path
         if c.what == "created":
-            st = os.lstat(p)
-            if stat.S_ISDIR(st.st_mode):
-                for name in os.listdir(p):  # anything left inside was created too
-                    self._restore_one(Change(os.path.join(p, name), "created"))
-                os.rmdir(p)
-            else:
-                os.unlink(p)
+            dirfd.remove_tree_at(pfd, name)  # a folder with everything in it; a symlink as an entry
             c.restored, c.how = True, "removed"
             return
         old = self.before[p]
         mode = stat.S_IMODE(old[5])
         if stat.S_ISDIR(old[5]):
             if c.what == "removed":
-                os.mkdir(p, mode)
-            os.chmod(p, mode, follow_symlinks=False)
-            c.restored, c.how = True, "folder mode put back"
+                os.mkdir(name, 0o700, dir_fd=pfd)  # its mode below, on the descriptor (mkdir's is masked)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    kind = "a symlink" if exc.errno == errno.ELOOP or os.path.islink(p) else "another file type"
+                    c.replaced, c.how = True, f"replaced by {kind} during the run (it was a folder); nothing was restored through it"
+                    return
+                raise
+            try:
+                st = os.fstat(fd)
+                if c.what == "removed":
+                    self._made[p] = (st.st_dev, st.st_ino)
+                elif (st.st_dev, st.st_ino) != old[:2]:
+                    c.replaced, c.how = True, "replaced by another folder during the run; nothing was restored through it"
+                    return
+                dirfd.set_metadata(fd, uid=old[6], gid=old[7], mode=mode, mtime_ns=None)
+            finally:
+                os.close(fd)
+            c.restored, c.how = True, "folder mode put back" if c.what != "removed" else "folder made again"
             return
         if not stat.S_ISREG(old[5]):
             c.how = "not a regular file; restore it by reinstalling its package"
             return
-        cur = None
         try:
-            cur = os.lstat(p)
+            cur: os.stat_result | None = os.stat(name, dir_fd=pfd, follow_symlinks=False)
         except FileNotFoundError:
-            pass
+            cur = None
         same_bytes = cur is not None and stat.S_ISREG(cur.st_mode) and (cur.st_dev, cur.st_ino, cur.st_size) == old[:3] and cur.st_mtime_ns == old[3]
         if p in self.data:
-            from fixpack.store import atomic_write
-
             if cur is not None and not stat.S_ISREG(cur.st_mode) and not stat.S_ISLNK(cur.st_mode):
                 raise OSError(f"{p} is now not a file")
-            if cur is not None and stat.S_ISLNK(cur.st_mode):
-                os.unlink(p)
-            atomic_write(Path(p), self.data[p])
-            self._metadata(p, old)
+            # a symlink put there is replaced as an entry by the rename, never written through
+            dirfd.write_at(pfd, name, self.data[p], uid=old[6], gid=old[7], mode=old[5], mtime_ns=old[3])
             c.restored, c.how = True, "bytes, mode and mtime put back from the copy taken before the fix ran"
         elif not self.keep_bytes and same_bytes:
             # the kernel kept the bytes (Landlock does not govern metadata); only mode or times moved
-            self._metadata(p, old)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=pfd)
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != old[:2]:
+                    c.replaced, c.how = True, "replaced by another file during the run; nothing was restored through it"
+                    return
+                dirfd.set_metadata(fd, uid=old[6], gid=old[7], mode=mode, mtime_ns=old[3])
+            finally:
+                os.close(fd)
             c.restored, c.how = True, "mode and mtime put back (the bytes were not changed)"
         else:
             c.how = "its bytes were not kept (larger than the copy limit, or the kernel was trusted to keep them); reinstall its package"
-
-    @staticmethod
-    def _metadata(p: str, old: Entry) -> None:
-        if (os.stat(p).st_uid, os.stat(p).st_gid) != old[6:8]:
-            os.chown(p, old[6], old[7])
-        os.chmod(p, stat.S_IMODE(old[5]))  # after chown, which clears setuid and setgid
-        os.utime(p, ns=(old[3], old[3]))

@@ -2,10 +2,12 @@
 ``python -m fixpack.worker`` with a JSON job on stdin.
 
 The job names the fix folder, its kind, and for each declared target the file to read and
-the staging file to write. The worker never writes anywhere else. Two guards, in this order:
-the kernel (Landlock, fixpack.landlock: writes only beneath the staging folder, no program
-started; and a seccomp filter, fixpack.seccomp: no change of mode, owner, times or xattrs),
-where the kernel has them; then an audit hook that refuses the same in Python, so that a
+the staging file to write. The worker never writes anywhere else. First the process gives up
+its privileges (fixpack.privilege: no capability in any set, no_new_privs). Then two guards, in
+this order: the kernel (Landlock, fixpack.landlock: writes only beneath the staging folder, no
+program started; and a seccomp filter, fixpack.seccomp: no change of mode, owner, times or
+xattrs, no privileged or cross-process call, no new process), where the kernel has them; then
+an audit hook that refuses the same in Python, so that a
 mistake gets a clear message. The hook alone can be bypassed (ctypes, for one); that is why,
 unless the kernel sealed the process, the driver also compares a snapshot of the trees after
 the process ends (fixpack.watch). The first line the process prints says which walls stand,
@@ -25,30 +27,49 @@ from pathlib import Path
 SANDBOX_MODES = ("auto", "landlock", "hook")
 
 
-def confine(stage_dir: str, mode: str) -> dict:
-    """Put the kernel's walls up where it has them. ``mode``: auto (Landlock when the kernel
-    has it, else the audit hook alone, said in the result), landlock (required), hook (forced
-    off). Returns what is in force, for the state record."""
+def confine(stage_dir: str, mode: str, limits: dict | None = None) -> dict:
+    """Take away the process's privileges and put the kernel's walls up where it has them.
+    ``mode``: auto (Landlock when the kernel has it, else the audit hook alone, said in the
+    result), landlock (required), hook (Landlock and the metadata filter forced off). In every
+    mode the capabilities are dropped and the seccomp filter refuses the privileged and
+    cross-process calls (fixpack.seccomp): neither needs Landlock. Returns what is in force,
+    for the state record."""
+    from fixpack import privilege
+
+    if limits:  # before the capabilities go: without CAP_SYS_RESOURCE they can never be raised again
+        from fixpack import limits as rlimits
+
+        rlimits.apply(limits)
+    dropped = privilege.drop_all()  # first: Landlock and seccomp need no privilege, and a fix gets none
     if mode == "hook":
-        return {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}
-    from fixpack.landlock import Unavailable
-    from fixpack.landlock import confine as landlock_confine
+        got: dict = {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}
+    else:
+        from fixpack.landlock import Unavailable
+        from fixpack.landlock import confine as landlock_confine
 
-    try:
-        got: dict = {"sandbox": "landlock", "abi": landlock_confine(stage_dir)}
-    except Unavailable as exc:
-        if mode == "landlock":
-            raise PermissionError(f"FIXPACK_SANDBOX=landlock, but Landlock cannot confine this process: {exc}") from None
-        return {"sandbox": "audit-hook", "reason": str(exc)}
-    # Landlock leaves metadata (mode, owner, times, xattrs) free; the seccomp filter takes it.
-    from fixpack.seccomp import Unavailable as NoSeccomp
-    from fixpack.seccomp import deny_metadata_changes
+        try:
+            got = {"sandbox": "landlock", "abi": landlock_confine(stage_dir)}
+        except Unavailable as exc:
+            if mode == "landlock":
+                raise PermissionError(f"FIXPACK_SANDBOX=landlock, but Landlock cannot confine this process: {exc}") from None
+            got = {"sandbox": "audit-hook", "reason": str(exc)}
+    got.update(dropped)
+    # With Landlock, the filter takes metadata too (Landlock leaves mode, owner, times, xattrs
+    # free); without it, the snapshot finds a metadata change, and the filter refuses the rest.
+    from fixpack import seccomp
 
+    landlock = got["sandbox"] == "landlock"
     try:
-        deny_metadata_changes()
-        got["seccomp"] = True
-    except NoSeccomp as exc:
-        got.update(seccomp=False, seccomp_reason=str(exc))
+        seccomp.install(metadata=landlock)
+        if landlock:
+            got["seccomp"] = True
+        else:
+            got["syscall_filter"] = "privileged calls"
+    except seccomp.Unavailable as exc:
+        if landlock:
+            got.update(seccomp=False, seccomp_reason=str(exc))
+        else:
+            got["syscall_filter"] = f"none: {exc}"
     return got
 
 
@@ -140,7 +161,7 @@ def run(job: dict) -> dict:
 def execute(job: dict) -> int:
     """Confine the process, guard writes, compute the fix's outputs, print the result as one JSON line."""
     try:
-        protection = confine(job["stage_dir"], job.get("sandbox", "auto"))
+        protection = confine(job["stage_dir"], job.get("sandbox", "auto"), job.get("limits"))
     except PermissionError as exc:
         print(json.dumps({"protection": {"sandbox": "none"}}))
         print(json.dumps({"error": f"{exc}", "protection": {"sandbox": "none"}}))
@@ -158,6 +179,9 @@ def execute(job: dict) -> int:
             if protection["sandbox"] == "landlock" and exc.errno in (errno.EACCES, errno.EPERM, errno.EXDEV):
                 walls = f"Landlock ABI {protection['abi']}" + (" + seccomp" if protection.get("seccomp") else "")
                 report["error"] = f"refused by the kernel ({walls}): {report['error']}"
+            elif protection.get("syscall_filter") == "privileged calls" and exc.errno == errno.EPERM:
+                # no Landlock: EPERM comes from the filter or from the dropped capabilities
+                report["error"] = f"refused by the kernel (seccomp, no capabilities): {report['error']}"
         print(json.dumps(report))
         return 1
     result["protection"] = protection

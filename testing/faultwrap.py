@@ -14,6 +14,7 @@ own process, with one thing going wrong:
   FAULT_ACTION=ACTION:PATH   starts with PREFIX, do ACTION to PATH before going on:
                                dir      replace the file by a folder
                                symlink  replace the file by a symlink to FAULT_LINK_TO
+                               swapdir  move the folder aside, a symlink to FAULT_LINK_TO in its place
                                edit     append a line to the file
                                rm       remove the file
                                chattr   make the file immutable (chattr +i)
@@ -51,6 +52,9 @@ def _act(action: str, path: str) -> None:
         os.mkdir(path)
     elif action == "symlink":
         os.unlink(path)
+        os.symlink(os.environ["FAULT_LINK_TO"], path)
+    elif action == "swapdir":  # a folder moved aside and a symlink to FAULT_LINK_TO put in its place
+        os.rename(path, path + ".swapped-away")
         os.symlink(os.environ["FAULT_LINK_TO"], path)
     elif action == "edit":
         with open(path, "a") as f:

@@ -43,6 +43,8 @@ def test_state_record_and_verify_say_landlock_was_in_force(tmp_path):
     r, verify, state = _apply(tmp_path, "auto")
     assert "Landlock is not available" not in r.stdout + r.stderr
     assert state["protection"]["sandbox"] == "landlock" and state["protection"]["abi"] >= 1
+    if os.geteuid() == 0:
+        assert state["protection"]["capabilities"] == "none" and "bounding" not in state["protection"]
     if state["protection"].get("seccomp"):
         # sealed by the kernel: the trees are compared once per run, not after each fix
         assert state["protection"]["detection"] == "snapshot per run"
@@ -55,7 +57,21 @@ def test_state_record_and_verify_say_landlock_was_in_force(tmp_path):
 
 def test_forced_off_is_said_and_recorded(tmp_path):
     r, verify, state = _apply(tmp_path, "hook")
-    assert state["protection"] == {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)", "detection": "snapshot per fix"}
+    # forced off: Landlock and the metadata filter; the capabilities are dropped and the
+    # privileged calls filtered in every mode
+    want = {
+        "sandbox": "audit-hook",
+        "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)",
+        "detection": "snapshot per fix",
+        "capabilities": "none",
+        "syscall_filter": "privileged calls",
+    }
+    if (
+        "bounding" in state["protection"]
+    ):  # not root: the bounding set cannot be emptied without CAP_SETPCAP, and says so
+        want["bounding"] = state["protection"].get("bounding")
+        assert "no CAP_SETPCAP; no_new_privs set" in want["bounding"]
+    assert state["protection"] == want
     assert verify["protection"]["sandbox"] == "audit-hook"
     assert all(f["sandbox"].startswith("audit hook + snapshot") for f in verify["fixes"])
 
@@ -87,19 +103,39 @@ def test_unavailable_landlock_is_said_once_and_the_run_falls_back(tmp_path, monk
 def test_required_landlock_that_is_missing_fails_the_fix(tmp_path):
     root, tree = L.copy_pack("basic", tmp_path)
     before = B.tree_digest(tree)
-    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root,
-                  env=dict(_without_landlock(tmp_path, "no Landlock (emulated)"), FIXPACK_SANDBOX="landlock"))
+    r = B.fixpack(
+        "apply",
+        "--profile",
+        "test",
+        "--root",
+        str(tree),
+        pack=root,
+        env=dict(_without_landlock(tmp_path, "no Landlock (emulated)"), FIXPACK_SANDBOX="landlock"),
+    )
     assert r.returncode == 4 and "FIXPACK_SANDBOX=landlock, but Landlock cannot confine" in r.stdout + r.stderr
     assert B.tree_digest(tree) == before
 
 
-@pytest.mark.parametrize("body, msg", [
-    # the two ways the audit hook was bypassed before it checked link sources and dir_fd names
-    ("os.link(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a/__init__.py', 'h')\nopen('h', 'a').write('x')", "outside its staging area"),
-    ("d = os.open(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a', os.O_RDONLY)\nos.write(os.open('__init__.py', os.O_WRONLY, dir_fd=d), b'x')", "relative name"),
-    ("d = os.open(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a', os.O_RDONLY)\nos.rename('mod.py', 'gone.py', src_dir_fd=d, dst_dir_fd=d)", "outside its staging area"),
-    ("os.truncate(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a/mod.py', 0)", "outside its staging area"),
-], ids=["os.link", "os.open-dir_fd", "os.rename-dir_fd", "os.truncate"])
+@pytest.mark.parametrize(
+    "body, msg",
+    [
+        # the two ways the audit hook was bypassed before it checked link sources and dir_fd names
+        (
+            "os.link(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a/__init__.py', 'h')\nopen('h', 'a').write('x')",
+            "outside its staging area",
+        ),
+        (
+            "d = os.open(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a', os.O_RDONLY)\nos.write(os.open('__init__.py', os.O_WRONLY, dir_fd=d), b'x')",
+            "relative name",
+        ),
+        (
+            "d = os.open(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a', os.O_RDONLY)\nos.rename('mod.py', 'gone.py', src_dir_fd=d, dst_dir_fd=d)",
+            "outside its staging area",
+        ),
+        ("os.truncate(os.environ['FIXPACK_TEST_TREE'] + '/pkg_a/mod.py', 0)", "outside its staging area"),
+    ],
+    ids=["os.link", "os.open-dir_fd", "os.rename-dir_fd", "os.truncate"],
+)
 def test_the_hook_alone_refuses_the_python_level_ways(body, msg, tmp_path):
     """With Landlock forced off the audit hook still refuses these before the system call."""
     root, tree = L.copy_pack("codemod-first", tmp_path)
@@ -108,7 +144,15 @@ def test_the_hook_alone_refuses_the_python_level_ways(body, msg, tmp_path):
     Ctx(root, tree, tmp_path, tmp_path / "m").codemod(body + "\nreturn node")
     B.forge_lock(root, "fix-two")
     before = B.tree_digest(tree)
-    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, env={"FIXPACK_TEST_TREE": str(tree), "FIXPACK_SANDBOX": "hook"})
+    r = B.fixpack(
+        "apply",
+        "--profile",
+        "test",
+        "--root",
+        str(tree),
+        pack=root,
+        env={"FIXPACK_TEST_TREE": str(tree), "FIXPACK_SANDBOX": "hook"},
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 4 and msg in out, out[-2000:]
     assert "outside its targets" not in out  # refused before anything changed
@@ -153,9 +197,19 @@ def test_a_change_by_another_process_during_a_sealed_run_is_found_at_its_end(tmp
         pytest.skip(f"this kernel cannot confine a process: {NO_LANDLOCK}")
     root, tree = L.copy_pack("basic", tmp_path)
     victim = tree / "pkg_b" / "x.py"  # no fix of the default selection touches pkg_b
-    r = B.fault_fixpack("apply", "--profile", "test", "--root", str(tree), pack=root,
-                        faults={"FAULT_AT_LABEL": "state written for apply fix-one", "FAULT_ACTION": f"edit:{victim}",
-                                "FIXPACK_SANDBOX": "auto"})
+    r = B.fault_fixpack(
+        "apply",
+        "--profile",
+        "test",
+        "--root",
+        str(tree),
+        pack=root,
+        faults={
+            "FAULT_AT_LABEL": "state written for apply fix-one",
+            "FAULT_ACTION": f"edit:{victim}",
+            "FIXPACK_SANDBOX": "auto",
+        },
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 6, out
     assert f"{victim} changed outside the fixes' targets while this run applied fix-one, fix-two" in out
