@@ -15,7 +15,8 @@ class Reference:
     def compared(self, tie: float) -> list[int]:
         return [next((i for i, g in enumerate(gaps) if g < tie), len(gaps)) for gaps in self.gaps]
 
-    def check(self, got: list[list[int]], tie: float, min_fraction: float = 0.75) -> None:
+    def check(self, got: list[list[int]], tie: float, min_fraction: float = 0.75) -> int:
+        """Equal up to each reference near-tie; returns how many tokens were compared."""
         lengths = self.compared(tie)
         for tokens, gaps, out, n in zip(self.tokens, self.gaps, got, lengths, strict=True):
             assert out[:n] == tokens[:n], (out, tokens, [round(g, 5) for g in gaps])
@@ -23,6 +24,7 @@ class Reference:
         assert sum(lengths) >= min_fraction * total, (
             f"only {sum(lengths)} of {total} tokens before a near-tie (< {tie}): pick other prompts"
         )
+        return sum(lengths)
 
     def check_divergence(self, got: list[list[int]], tie: float, min_fraction: float = 0.75) -> None:
         """Each output may part from the reference only at a step where the reference had a

@@ -19,6 +19,11 @@ from pathlib import Path
 
 EMULATION = Path(__file__).resolve().parents[1]
 REPO = EMULATION.parent
+if str(EMULATION) not in sys.path:
+    sys.path.insert(0, str(EMULATION))
+
+from hpu_harness import compare  # noqa: E402
+
 RESULT = "RUNNER_RESULT "
 TREE_ENV = "HPU_HARNESS_TREE"
 # A bf16 near-tie: the reference's top two logits within this of each other. Past such a step
@@ -47,32 +52,17 @@ def release_tree(tmp_dir: Path) -> Path | str:
         if (tree / "vllm" / "__init__.py").is_file() and (tree / "vllm_gaudi" / "__init__.py").is_file():
             return tree
         return f"${TREE_ENV}={given} holds no vllm/ and vllm_gaudi/"
-    candidates = [REPO / ".venv" / "bin" / "fixpack", Path("/work/main/.venv/bin/fixpack")]
-    fixpack = next((c for c in candidates if c.is_file()), None)
-    if fixpack is None:
-        return f"no ${TREE_ENV} and no fixpack to write the v0.26.0 tree (looked for {candidates[0]})"
-    dest = tmp_dir / "tree"
-    proc = subprocess.run(
-        [str(fixpack), "sources", "tree", "--profile", "v0.26.0", str(dest)], capture_output=True, text=True
-    )
-    if proc.returncode != 0 or not (dest / "vllm_gaudi" / "__init__.py").is_file():
-        return f"`fixpack sources tree --profile v0.26.0` failed: {proc.stderr[-500:]}"
-    return dest
+    from hpu_harness import trees
+
+    try:
+        return trees.build(tmp_dir / "tree", "v0.26.0", patched=False)
+    except RuntimeError as exc:
+        return f"no ${TREE_ENV} and no v0.26.0 tree: {exc}"
 
 
-class Reference:
-    def __init__(self, tokens: list[list[int]], gaps: list[list[float]]):
-        self.tokens, self.gaps = tokens, gaps
-
-    def check(self, got: list[list[int]]) -> int:
-        compared = 0
-        for tokens, gaps, out in zip(self.tokens, self.gaps, got, strict=True):
-            n = next((i for i, g in enumerate(gaps) if g < TIE), len(gaps))
-            assert out[:n] == tokens[:n], (out, tokens, gaps)
-            compared += n
-        total = sum(len(t) for t in self.tokens)
-        assert compared >= 0.75 * total, f"only {compared} of {total} tokens before a near-tie: pick other prompts"
-        return compared
+class Reference(compare.Reference):
+    def check(self, got: list[list[int]]) -> int:  # type: ignore[override]
+        return super().check(got, TIE)
 
 
 def reference_of(path, prompts, new_tokens=NEW_TOKENS) -> Reference:
@@ -80,18 +70,10 @@ def reference_of(path, prompts, new_tokens=NEW_TOKENS) -> Reference:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    tokens, gaps = [], []
-    with torch.no_grad():
-        for p in prompts:
-            seq, gap = list(p), []
-            for _ in range(new_tokens):
-                top = model(torch.tensor([seq])).logits[0, -1].float().topk(2)
-                gap.append((top.values[0] - top.values[1]).item())
-                seq.append(int(top.indices[0]))
-            tokens.append(seq[len(p) :])
-            gaps.append(gap)
-    return Reference(tokens, gaps)
+    ref = compare.greedy_reference(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), prompts, new_tokens
+    )
+    return Reference(ref.tokens, ref.gaps)
 
 
 def serve(
