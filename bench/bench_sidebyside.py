@@ -21,6 +21,19 @@ import time
 from pathlib import Path
 
 
+def cpu_model() -> str:
+    """The CPU the figures were measured on (/proc/cpuinfo's model name, else the platform's)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def timed(cmd: list[str], env: dict) -> float:
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -73,7 +86,8 @@ def main() -> None:
                 res[name]["verify"].append(timed(verify, env))
     s = statistics.median(startup)
     print(
-        f"median of {a.repeat} runs each, interleaved; python -c pass {s:.3f} s; load {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs"
+        f"median of {a.repeat} runs each, interleaved; python -c pass {s:.3f} s; load {os.getloadavg()[0]:.1f}; "
+        f"{os.cpu_count()} CPUs: {cpu_model()}"
     )
     print("| what | base s | base x start-up | new s | new x start-up | new / base |")
     print("|---|---|---|---|---|---|")
