@@ -122,45 +122,54 @@ def replace_in_tree(root: Path, path: Path, data: bytes, *, label: str = "") -> 
     from fixpack import dirfd
 
     pfd, name = dirfd.open_parent(str(root), str(path), lambda _: None, done="written")
-    tmp = f".{name}.fixpack-tmp"
     try:
         try:
             like = os.stat(name, dir_fd=pfd, follow_symlinks=False)
         except OSError as exc:
             raise fs_error(exc, f"cannot stat {path}") from exc
+        atomic_write_at(pfd, name, data, path=path, label=label or path.name, like=like)
+    finally:
+        os.close(pfd)
+
+
+def atomic_write_at(dir_fd: int, name: str, data: bytes, *, path: Path, label: str, like: os.stat_result | None = None) -> None:
+    """`atomic_write` relative to a folder descriptor, with the same crash points: staged beside
+    ``name`` (a leftover or planted stage is removed, never written through), synced, renamed over
+    it, the folder synced. With ``like``, the new file takes that file's owner and mode."""
+    tmp = f".{name}.fixpack-tmp"
+    try:
         try:
-            try:
-                os.unlink(tmp, dir_fd=pfd)  # left by a killed run, or planted: never written through
-            except FileNotFoundError:
-                pass
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
+            os.unlink(tmp, dir_fd=dir_fd)  # left by a killed run, or planted: never written through
+        except FileNotFoundError:
+            pass
+        mode = 0o600 if like is not None else 0o644
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            if like is not None:
                 try:  # owner first: chown clears setuid/setgid bits
                     os.fchown(fd, like.st_uid, like.st_gid)
                 except PermissionError:
                     pass
                 os.fchmod(fd, like.st_mode & 0o7777)
-            finally:
-                os.close(fd)
-            crashpoint(f"staged {label or path.name}")
-            os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-            crashpoint(f"renamed {label or path.name}")
-            try:
-                os.fsync(pfd)
-            except OSError:
-                pass
-        except OSError as exc:
-            try:
-                os.unlink(tmp, dir_fd=pfd)
-            except OSError:
-                pass
-            raise fs_error(exc, f"cannot write {path}") from exc
-    finally:
-        os.close(pfd)
+        finally:
+            os.close(fd)
+        crashpoint(f"staged {label}")
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        crashpoint(f"renamed {label}")
+        try:
+            os.fsync(dir_fd)
+        except OSError:
+            pass
+    except OSError as exc:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise fs_error(exc, f"cannot write {path}") from exc
 
 
 def drop_bytecode(path: Path, root: Path | None = None) -> None:
@@ -286,36 +295,6 @@ class Store:
                 raise EnvironmentFault(f"{path}: not a folder (a symlink?) in the state folder; nothing was written through it") from None
             raise fs_error(exc, f"cannot create {path}") from exc
 
-    def _write(self, dir_fd: int, name: str, data: bytes, path: Path, label: str) -> None:
-        """`atomic_write` relative to a folder descriptor (the same crash points)."""
-        tmp = f".{name}.fixpack-tmp"
-        try:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)  # left by a killed run, or planted (a symlink): never written through
-            except FileNotFoundError:
-                pass
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            crashpoint(f"staged {label}")
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            crashpoint(f"renamed {label}")
-            try:
-                os.fsync(dir_fd)
-            except OSError:
-                pass
-        except OSError as exc:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except OSError:
-                pass
-            raise fs_error(exc, f"cannot write {path}") from exc
-
     def check_folder(self) -> None:
         """The state folder's path still leads to the folder this Store opened: refused (exit 6)
         if it was swapped (for a symlink, another folder) since."""
@@ -368,7 +347,7 @@ class Store:
             assert self._objects_fd is not None
             sub = self._subfolder(self._objects_fd, h[:2], path.parent)
             try:
-                self._write(sub, h[2:], data, path, f"object {h[:12]}")
+                atomic_write_at(sub, h[2:], data, path=path, label=f"object {h[:12]}")
             finally:
                 os.close(sub)
         now = _lstat_entry(path)
@@ -414,7 +393,7 @@ class Store:
 
     def write_state(self, state: StateRecord) -> None:
         data = dict(state.to_json(), format=STATE_FORMAT, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        self._write(self._folder(), "state.json", json.dumps(data, indent=1, sort_keys=True).encode() + b"\n", self.state_path, "state.json")
+        atomic_write_at(self._folder(), "state.json", json.dumps(data, indent=1, sort_keys=True).encode() + b"\n", path=self.state_path, label="state.json")
 
     def read_journal(self) -> Journal | Unreadable | None:
         """The journal of a commit in progress; only a complete one is used."""
@@ -431,7 +410,7 @@ class Store:
         return Journal.from_json(data) if ok else Unreadable(f"{self.journal_path} is incomplete")
 
     def write_journal(self, journal: Journal) -> None:
-        self._write(self._folder(), "journal.json", json.dumps(journal.to_json(), indent=1).encode(), self.journal_path, "journal.json")
+        atomic_write_at(self._folder(), "journal.json", json.dumps(journal.to_json(), indent=1).encode(), path=self.journal_path, label="journal.json")
 
     def clear_journal(self) -> None:
         try:

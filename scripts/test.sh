@@ -7,8 +7,12 @@
 # Extra arguments go to the first pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# Each stage prints its wall time, so a slow CI run shows where its minutes went.
+t0=$(date +%s)
+stage() { echo "== stage $1 took $(( $(date +%s) - t0 )) s"; t0=$(date +%s); }
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?
+stage "main-suite"
 # pytest exit 5 means it collected nothing: report it, it is not a failure of the code.
 [ "$rc" -eq 5 ] && { echo "!!! pytest collected no tests"; rc=0; }
 # The Habana emulation: its kernels and device layer (.venv, torch 2.13), then all of it again under
@@ -16,15 +20,18 @@ rc=$?
 # on it from the patched v0.26.0 tree: Llama, DeepSeek-V2, Qwen3-Next, TP 2, the OpenAI server.
 .venv/bin/python -m pytest -p no:cacheprovider -q emulation/tests
 rce=$?
+stage "emulation(.venv)"
 [ "$rce" -eq 5 ] && { echo "!!! emulation: pytest collected no tests"; rce=0; }
 if [ -x .venv-cpu/bin/python ]; then
   .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs emulation/tests
   rcr=$?
+  stage "emulation-runner(.venv-cpu)"
   [ "$rcr" -eq 5 ] && { echo "!!! emulation runner: pytest collected no tests"; rcr=0; }
   # vllm-gaudi's own tests/unit_tests (the CI selection) on the emulation, pristine vs patched
   # v0.26.0 tree: the table per file, and exit 1 on a pristine-pass/fixed-fail no fix.yaml explains
   (cd emulation && FIXPACK_PYTHON="$PWD/../.venv/bin/python" ../.venv-cpu/bin/python -m hpu_harness.unit_tests)
   rcu=$?
+  stage "vllm-gaudi-unit-tests"
   [ "$rcr" -eq 0 ] && rcr=$rcu
 else
   echo "!!! .venv-cpu is missing: vllm-gaudi's runner on the emulation was SKIPPED (run scripts/setup-e2e.sh)"
@@ -34,6 +41,7 @@ fi
 if [ -x .venv-tf514/bin/python ]; then
   .venv-tf514/bin/python -m pytest -p no:cacheprovider -q ports/glm-5-3-flash/tests/test_hf_config_tf514.py
   rct=$?
+  stage "tf514"
   [ "$rct" -eq 5 ] && { echo "!!! transformers 5.14.1: pytest collected no tests"; rct=0; }
 else
   echo "!!! .venv-tf514 is missing: the config parse under transformers 5.14.1 was SKIPPED (run scripts/setup-tf514.sh)"
@@ -42,6 +50,7 @@ fi
 if [ -x .venv-cpu/bin/python ]; then
   bash ports/glm-5-3-flash/tests/e2e/run.sh
   rc2=$?
+  stage "flash-e2e"
   [ "$rc2" -eq 5 ] && { echo "!!! e2e: pytest collected no tests"; rc2=0; }
 else
   echo "!!! .venv-cpu is missing: the port's end-to-end run in vLLM 0.26.0 on CPU was SKIPPED (run scripts/setup-e2e.sh)"
@@ -50,6 +59,7 @@ fi
 if [ -x .venv-cpu030/bin/python ]; then
   bash ports/glm-5-mxfp4/tests/e2e/run.sh
   rc3=$?
+  stage "mxfp4-e2e"
   [ "$rc3" -eq 5 ] && { echo "!!! glm-5-mxfp4 e2e: pytest collected no tests"; rc3=0; }
 else
   echo "!!! .venv-cpu030 is missing: glm-5-mxfp4's end-to-end run in vLLM 0.30.0 on CPU was SKIPPED (run scripts/setup-e2e-030.sh)"

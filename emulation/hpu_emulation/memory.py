@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -43,6 +43,10 @@ class Ledger:
 
 
 _ledger = Ledger()
+# Storages whose last card tensor was collected, not yet taken off the ledger. A tensor's finalizer
+# can run inside any allocation (a garbage collection starts there, under ``_lock``), so it only
+# queues the address; whoever holds the lock next takes it off.
+_released: deque[int] = deque()
 
 
 class CardOutOfMemory(torch.OutOfMemoryError):
@@ -73,21 +77,47 @@ def _gib(n: int) -> str:
     return f"{n / config.GIB:.3f} GiB"
 
 
+def _drain() -> None:
+    """Take released storages off the ledger; the caller holds ``_lock``."""
+    while _released:
+        ptr = _released.popleft()
+        entry = _ledger.live.get(ptr)
+        if entry is None:
+            continue
+        entry.holders -= 1
+        if entry.holders <= 0:
+            del _ledger.live[ptr]
+            _ledger.allocated -= entry.nbytes
+            _ledger.by_purpose[entry.purpose] -= entry.nbytes
+
+
+@contextlib.contextmanager
+def _ledger_locked() -> Iterator[Ledger]:
+    with _lock:
+        _drain()
+        yield _ledger
+
+
 def breakdown() -> str:
+    with _ledger_locked():
+        return _breakdown()
+
+
+def _breakdown() -> str:
     card = config.card()
     parts = ", ".join(f"{p} {_gib(_ledger.by_purpose[p])}" for p in PURPOSES)
     return f"{card.name} card {_gib(card.memory)}: allocated {_gib(_ledger.allocated)} ({parts}); peak {_gib(_ledger.peak)}"
 
 
 def _acquire(ptr: int, nbytes: int) -> None:
-    with _lock:
+    limit = config.card().memory
+    with _ledger_locked():
         entry = _ledger.live.get(ptr)
         if entry is None:
-            limit = config.card().memory
             if _ledger.allocated + nbytes > limit:
                 raise CardOutOfMemory(
                     f"hpu emulation: out of card memory allocating {_gib(nbytes)} for "
-                    f"{current_purpose()}: {breakdown()}"
+                    f"{current_purpose()}: {_breakdown()}"
                 )
             entry = _ledger.live[ptr] = _Storage(nbytes, current_purpose())
             _ledger.allocated += nbytes
@@ -105,15 +135,13 @@ def _release(cell: list[int]) -> None:
     if not ptr:
         return
     cell[0] = 0
-    with _lock:
-        entry = _ledger.live.get(ptr)
-        if entry is None:
-            return
-        entry.holders -= 1
-        if entry.holders <= 0:
-            del _ledger.live[ptr]
-            _ledger.allocated -= entry.nbytes
-            _ledger.by_purpose[entry.purpose] -= entry.nbytes
+    _released.append(ptr)
+    # Never wait here: this thread may already hold the lock (a finalizer inside ``_acquire``).
+    if _lock.acquire(blocking=False):
+        try:
+            _drain()
+        finally:
+            _lock.release()
 
 
 # id(card tensor) -> [storage address it holds]; not a WeakKeyDictionary, whose lookups would
@@ -147,23 +175,25 @@ def track(wrapper: torch.Tensor, elem: torch.Tensor) -> None:
 
 
 def allocated() -> int:
-    return _ledger.allocated
+    with _ledger_locked() as ledger:
+        return ledger.allocated
 
 
 def mem_get_info() -> tuple[int, int]:
     total = config.card().memory
-    return max(total - _ledger.allocated, 0), total
+    return max(total - allocated(), 0), total
 
 
 def stats() -> dict[str, int]:
-    out = {"allocated": _ledger.allocated, "peak": _ledger.peak, "allocations": _ledger.allocations}
-    for p in PURPOSES:
-        out[p] = _ledger.by_purpose[p]
-        out[f"peak_{p}"] = _ledger.peak_by_purpose[p]
+    with _ledger_locked() as ledger:
+        out = {"allocated": ledger.allocated, "peak": ledger.peak, "allocations": ledger.allocations}
+        for p in PURPOSES:
+            out[p] = ledger.by_purpose[p]
+            out[f"peak_{p}"] = ledger.peak_by_purpose[p]
     return out
 
 
 def reset_peak() -> None:
-    with _lock:
+    with _ledger_locked():
         _ledger.peak = _ledger.allocated
         _ledger.peak_by_purpose = Counter(_ledger.by_purpose)

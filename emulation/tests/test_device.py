@@ -123,6 +123,31 @@ def test_card_memory_by_purpose_and_out_of_memory(monkeypatch):
             torch.empty(1 << 20, device="hpu")
 
 
+def test_a_card_tensor_collected_inside_an_allocation_does_not_deadlock():
+    # A garbage collection can start inside an allocation, while the ledger's lock is held, and run
+    # a card tensor's finalizer there (this hung CI once). Collect one with the lock held, from a
+    # second thread so that a finalizer that waits on the lock fails the test instead of hanging it.
+    import gc
+    import threading
+
+    gc.collect()  # earlier tests' garbage off the ledger first
+    before = memory.stats()["workspace"]
+    box = [torch.empty(256, 1024, device="hpu")]  # 1 MiB
+    box.append(box)  # a cycle: only the collector frees it
+    assert memory.stats()["workspace"] - before == 1 << 20
+    del box
+    done = threading.Event()
+
+    def collect_with_the_lock_held():
+        with memory._lock:
+            gc.collect()
+        done.set()
+
+    threading.Thread(target=collect_with_the_lock_held, daemon=True).start()
+    assert done.wait(30), "a card tensor's finalizer waited on the ledger's lock"
+    assert memory.stats()["workspace"] == before  # the queued release was taken off
+
+
 def test_device_type_follows_the_declared_card(monkeypatch):
     from habana_frameworks.torch.utils import experimental as htexp
 
