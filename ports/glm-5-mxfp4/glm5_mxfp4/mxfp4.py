@@ -267,8 +267,8 @@ def dequantize(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
       * in "even" mode a block whose amax is at least 1.75 * 2**127 gets scale code 253 (2**126).
         Its elements of magnitude 1.75 * 2**127 and up are 3.5 or more scales: they round to 4
         (3.5 is a tie; 4 has the even code), and 4 * 2**126 = 2**128 decodes to +-inf in float32
-        and bf16 (torchao and transformers too). None saturates (bf16's largest is under 4 * 2**126); smaller
-        elements stay finite. "floor" gives that block code 252 and decodes it finite.
+        and bf16 (torchao and transformers too). None saturates (bf16's largest is under
+        4 * 2**126); smaller elements stay finite. "floor" gives that block code 252, all finite.
     """
     packed = np.asarray(packed, dtype=np.uint8)
     scales = np.asarray(scales, dtype=np.uint8)
