@@ -8,7 +8,8 @@ Storage, as every reader we test against expects it:
 Scale modes (the exponent X of the block scale 2**X, amax = the block's largest |v|):
   * "floor": X = floor(log2 amax) - 2 (the OCP rule); values in (6, 8) * 2**X saturate to 6;
   * "even":  amax is first rounded at one mantissa bit (amax >= 1.75 * 2**e counts as 2**(e+1)),
-             then the same; this is what vLLM's own quantizer, compressed-tensors and Quark produce.
+             then the same; this is what vLLM's own quantizer, compressed-tensors and Quark produce
+             (except vLLM 0.30.0's Triton kernel at scale codes 0 and 253: the README's format section).
 X is clamped to [-127, 128]; blocks whose scale code is 0 divide by 2**-126, as torchao does.
 Elements round to nearest, ties to even, and saturate to +-6.
 
@@ -258,11 +259,16 @@ def quantize_reference(x, mode: str = "even") -> tuple[np.ndarray, np.ndarray]:
 def dequantize(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """(packed uint8 [..., K/2], scales uint8 [..., K/32]) -> float32 [..., K].
 
-    Every value is exact in bf16 as well. Scale code 0 decodes as 2**-127 (torchao and
-    transformers do the same; vLLM's torch reader gives 0 there: the converter never writes code
-    0 for real weights, only for blocks whose amax is below 2**-124). In "even" mode a block whose
-    amax is at least 1.75 * 2**127 gets scale 2**126 and its saturated elements decode to +-inf in
-    every reader (6 * 2**126 exceeds float32); real weights are nowhere near.
+    Every value is exact in bf16 as well. Two edges, both far from real weights:
+      * scale code 0 decodes as 2**-127 (torchao and transformers do the same; vLLM's torch reader
+        gives 0 there), while `quantize`, like torchao, divides such a block by 2**-126: it comes
+        back at half its value. Code 0 is written only for blocks whose amax is below 2**-124
+        ("floor") or below 1.75 * 2**-125 ("even");
+      * in "even" mode a block whose amax is at least 1.75 * 2**127 gets scale code 253 (2**126).
+        Its elements of magnitude 1.75 * 2**127 and up are 3.5 or more scales: they round to 4
+        (3.5 is a tie; 4 has the even code), and 4 * 2**126 = 2**128 decodes to +-inf in float32
+        and bf16 (torchao and transformers too). None saturates (bf16's largest is under
+        4 * 2**126); smaller elements stay finite. "floor" gives that block code 252, all finite.
     """
     packed = np.asarray(packed, dtype=np.uint8)
     scales = np.asarray(scales, dtype=np.uint8)
@@ -276,7 +282,7 @@ def dequantize(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
     factor = np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32)
     if np.any(scales == 255):
         factor = np.where(scales == 255, np.float32(np.nan), factor)
-    with np.errstate(over="ignore"):  # "even" near the bf16 maximum: 6 * 2**126 is beyond float32
+    with np.errstate(over="ignore"):  # "even" near the bf16 maximum: 4 * 2**126 is beyond float32
         vals = vals.reshape(*packed.shape[:-1], k // BLOCK, BLOCK) * factor[..., None]
     return vals.reshape(*packed.shape[:-1], k).astype(np.float32)
 

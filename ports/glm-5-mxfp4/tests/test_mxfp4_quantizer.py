@@ -134,3 +134,128 @@ def test_the_kernels_code_formula_equals_the_threshold_rule_for_every_normal_sca
         t = mxfp4._THRESHOLDS[code].astype(np.int64)
         rule = sum((a >= t[i]) if up else (a > t[i]) for i, up in enumerate(mxfp4._TIE_UP))
         np.testing.assert_array_equal(mxfp4.magnitude_codes(a, code), rule, err_msg=f"scale code {code}")
+
+
+# The edges `dequantize` and the README's format section state. bf16 bit patterns: 0x7F60 is
+# 1.75 * 2**127, 0x7F5F the next value below it, 0x7F7F the bf16 maximum, 0x7F40 1.5 * 2**127,
+# 0x7EC0 1.5 * 2**126; 0x0180 is 2**-124, 0x0160 1.75 * 2**-125, 0x0080 2**-126 (smallest normal).
+TOP = np.array([0x7F40, 0x7F5F, 0x7F60, 0x7F7F, 0xFF60, 0xFF5F, 0x7EC0, 0x3F80] + [0] * 24, dtype=np.uint16)
+TINY = np.array([0x0140, 0x0100, 0x0080, 0x0040, 0x0060, 0x0020, 0x0021, 0x8080] + [0] * 24, dtype=np.uint16)
+
+
+def nibbles(q: np.ndarray) -> np.ndarray:
+    return np.stack([q & 15, q >> 4], axis=-1).reshape(*q.shape[:-1], q.shape[-1] * 2)
+
+
+def every_impl(bits: np.ndarray, mode: str):
+    """(scale codes, element codes) of a [rows, 32] bit array, the same from all three implementations."""
+    x = torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16)
+    q, s = mxfp4.quantize(x, mode)
+    for impl in (quantize_rows_whole, mxfp4.quantize_reference):
+        q2, s2 = impl(x, mode)
+        np.testing.assert_array_equal(q2, q)
+        np.testing.assert_array_equal(s2, s)
+    return s, q
+
+
+def test_even_top_edge_scale_253_and_inf_from_1_75_x_2_127():
+    s, q = every_impl(TOP[None], "even")
+    assert s.tolist() == [[253]]  # the rounded amax is 2**128: X = 128 - 2
+    # /2**126: 3, 3.48 (below the 3.5 tie), 3.5 (tie -> 4), 3.98, -3.5, -3.48, 1.5, 2**-126 -> 0
+    assert nibbles(q)[0, :8].tolist() == [5, 5, 6, 6, 14, 13, 3, 0]
+    deq = mxfp4.dequantize(q, s)[0]
+    big = np.float32(2.0**126)
+    np.testing.assert_array_equal(deq[:8], [3 * big, 3 * big, np.inf, np.inf, -np.inf, -3 * big, 1.5 * big, 0])
+    assert np.isinf(deq).tolist() == [bits >= 0x7F60 for bits in TOP & 0x7FFF]  # exactly |v| >= 1.75 * 2**127
+
+
+def test_even_just_below_the_top_edge_saturates_finite():
+    block = TOP.copy()
+    block[2:5] = [0x7F5F, 0x7F5F, 0xFF5F]  # amax 0x7F5F: rounds to 2**127, not 2**128
+    s, q = every_impl(block[None], "even")
+    assert s.tolist() == [[252]]
+    assert nibbles(q)[0, :8].tolist() == [7, 7, 7, 7, 15, 15, 5, 0]  # /2**125: 6, 6.97 saturate to 6
+    assert np.isfinite(mxfp4.dequantize(q, s)).all()
+
+
+def test_floor_top_edge_scale_252_all_finite():
+    s, q = every_impl(TOP[None], "floor")
+    assert s.tolist() == [[252]]
+    assert nibbles(q)[0, :8].tolist() == [7, 7, 7, 7, 15, 15, 5, 0]  # /2**125: 6 and up saturate to 6
+    deq = mxfp4.dequantize(q, s)[0]
+    assert np.isfinite(deq).all() and deq.max() == np.float32(1.5 * 2.0**127)
+
+
+@pytest.mark.parametrize("mode", mxfp4.SCALE_MODES)
+def test_scale_code_0_divides_by_2_pow_minus_126_and_decodes_at_half(mode):
+    s, q = every_impl(TINY[None], mode)
+    assert s.tolist() == [[0]]
+    # /2**-126: 3, 2, 1, 0.5, 0.75 (tie up to 1), 0.25 (tie down to 0), 0.2578, -1
+    assert nibbles(q)[0, :8].tolist() == [5, 4, 2, 1, 2, 0, 1, 10]
+    deq = mxfp4.dequantize(q, s)[0, :3]
+    np.testing.assert_array_equal(deq, np.float32([3 * 2.0**-127, 2 * 2.0**-127, 2.0**-127]))  # half of v
+
+
+@pytest.mark.parametrize(("mode", "last_code_0", "first_code_1"),
+                         [("floor", 0x017F, 0x0180), ("even", 0x015F, 0x0160)])
+def test_where_scale_code_0_ends(mode, last_code_0, first_code_1):
+    blocks = np.zeros((3, 32), dtype=np.uint16)
+    blocks[1, 7] = last_code_0
+    blocks[2, 7] = first_code_1 | 0x8000
+    s, _ = every_impl(blocks, mode)
+    assert s[:, 0].tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("mode", mxfp4.SCALE_MODES)
+def test_edges_bit_exact_with_torchao(mode):
+    blocks = np.stack([TOP, TINY, np.where(np.arange(32) == 2, 0x7F5F, TOP).astype(np.uint16)])
+    x = torch.from_numpy(blocks.view(np.int16).copy()).view(torch.bfloat16)
+    want_q, want_s = torchao_quant(x, mode)
+    q, s = mxfp4.quantize(x, mode)
+    np.testing.assert_array_equal(s, want_s)
+    np.testing.assert_array_equal(q, want_q)
+
+
+def test_edges_against_vllm_030_triton_quantizer_in_the_interpreter():
+    """vLLM 0.30.0's `downcast_to_mxfp` (Triton, CPU interpreter; see vllm030_quantize.py): equal
+    bytes on ordinary blocks, and the two stated differences."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fixpack import sources
+    from fixpack.errors import SourceUnavailable
+
+    pytest.importorskip("triton", reason="vLLM's quantizer is a Triton kernel")
+    try:
+        tree = sources.wheel_tree("vllm", "0.30.0", "vllm")
+    except SourceUnavailable as exc:
+        pytest.skip(f"vLLM 0.30.0 wheel unavailable: {exc}")
+    g = torch.Generator().manual_seed(2)
+    ordinary = mxfp4.as_bf16_bits((torch.randn(64, 32, generator=g) * 0.02).bfloat16())
+    bits = np.concatenate([TOP[None], TINY[None], ordinary])
+    script = Path(__file__).resolve().parent / "vllm030_quantize.py"
+    path = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, str(script), str(tree)], input=json.dumps(bits.tolist()),
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["file"].startswith(str(tree))
+    vq, vs = np.array(res["q"], dtype=np.uint8), np.array(res["s"], dtype=np.uint8)
+    q, s = mxfp4.quantize(torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16), "even")
+    np.testing.assert_array_equal(vs[2:], s[2:])
+    np.testing.assert_array_equal(vq[2:], q[2:])
+    # top edge: X clamped to 127 (code 254, ours 253); /2**127: 1.5, 1.74 -> 1.5, 1.75 -> 2 (tie), 1.99 -> 2,
+    # 0.75 -> 1 (tie); the same decoded values from 2**127 up, infs included, not below (1.5 * 2**126)
+    assert vs[0].tolist() == [254] and s[0].tolist() == [253]
+    assert nibbles(vq)[0, :8].tolist() == [3, 3, 4, 4, 12, 11, 2, 0]
+    theirs, ours = mxfp4.dequantize(vq[:1], vs[:1])[0], mxfp4.dequantize(q[:1], s[:1])[0]
+    np.testing.assert_array_equal(theirs[:6], ours[:6])
+    assert theirs[6] == np.float32(2.0**127) and ours[6] == np.float32(1.5 * 2.0**126)
+    # code 0: both write it; vLLM multiplies by 2**127 where we divide by 2**-126 (normal elements only:
+    # the interpreter's result for bf16 subnormals is not what a GPU is known to do)
+    assert vs[1].tolist() == [0] and s[1].tolist() == [0]
+    assert nibbles(vq)[1, [0, 1, 2, 7]].tolist() == [7, 6, 4, 12]
+    assert nibbles(q)[1, [0, 1, 2, 7]].tolist() == [5, 4, 2, 10]
