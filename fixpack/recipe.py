@@ -283,21 +283,40 @@ def switch_problem(port, name: str, value: str) -> str | None:
     return parser.recipe_value_problem(name, port.data["switches"][name], value, where=str(port.dir / "port.yaml"))
 
 
-def port_rule_records(port, data: dict) -> list[dict]:
-    """The port's own serving rules (``<port>/<plugin package>/serving_rules.py``, optional):
-    its ``recipe_problems(data)`` gives (rule, problem or None) for each rule the recipe can break
-    (the glm-5-mxfp4 port: expert parallel for MXFP4 experts, the softmax mode, the memory cap)."""
+def _port_rules(port):
+    """(the port's serving_rules module or None, why it did not load or None)."""
     import importlib.util
 
     package = ((port.data.get("plugin") or {}).get("package") or "") if port is not None else ""
     path = port.dir / package / "serving_rules.py" if package else None
     if path is None or not path.is_file():
-        return []
+        return None, None
     spec = importlib.util.spec_from_file_location(f"_fixpack_rules_{package}", path)
     if spec is None or spec.loader is None:
-        return [{"item": f"rules {port.name}", "result": "error", "detail": f"cannot load {path}"}]
+        return None, f"cannot load {path}"
     rules = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rules)
+    return rules, None
+
+
+def missing_path_note(port, rel: str) -> str | None:
+    """The port's own words on a serving file the recipe names and the repository lacks
+    (``serving_rules.missing_file_note(rel)``, optional): what the file is and how it is made,
+    or why it cannot be made here. The path stays an error; the note only says why."""
+    rules, _ = _port_rules(port)
+    note = getattr(rules, "missing_file_note", None)
+    return note(rel) if note is not None else None
+
+
+def port_rule_records(port, data: dict) -> list[dict]:
+    """The port's own serving rules (``<port>/<plugin package>/serving_rules.py``, optional):
+    its ``recipe_problems(data)`` gives (rule, problem or None) for each rule the recipe can break
+    (the glm-5-mxfp4 port: expert parallel for MXFP4 experts, the softmax mode, the memory cap)."""
+    rules, problem = _port_rules(port)
+    if problem:
+        return [{"item": f"rules {port.name}", "result": "error", "detail": problem}]
+    if rules is None:
+        return []
     return [
         {"item": item, "result": "error" if problem else "ok", "detail": problem or f"{port.name} serving rule"}
         for item, problem in rules.recipe_problems(data)
@@ -418,5 +437,10 @@ def check_recipe(recipe: Recipe, pack) -> list[dict]:
         if p.is_file():
             ok(item, item_where)
         else:
-            bad(item, f"{item_where} names $COOKBOOK/{rel}, which does not exist in {pack.root}")
+            note = missing_path_note(port, rel) if port is not None else None
+            bad(
+                item,
+                f"{item_where} names $COOKBOOK/{rel}, which does not exist in {pack.root}"
+                + (f": {note}" if note else ""),
+            )
     return records

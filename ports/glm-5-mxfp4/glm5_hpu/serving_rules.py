@@ -193,6 +193,28 @@ def recipe_problems(data: dict) -> list[tuple[str, str | None]]:
     return out
 
 
+# --------------------------------------------------------------------------- serving files
+BUCKET_FILE = "tp8-seqs4-128k.txt"
+
+
+def missing_file_note(rel: str) -> str | None:
+    """What a missing serving file the recipe names is and how it is made, or None; ``fixpack recipe
+    check`` adds it to its error for that path (the check still fails: the launch needs the file)."""
+    name = rel.rsplit("/", 1)[-1]
+    if name == PLACEMENT_FILE:
+        return (f"it is the GLM_MOE_PLACEMENT file fitted to {MODEL}: per MoE layer, the order its 256 experts "
+                "are stored in, so the busiest experts spread over the 4 expert groups (format "
+                "glm5-moe-placement/1, glm5_hpu/placement.py). Fitting it needs the real model's routing "
+                "statistics (which experts each token picks, per MoE layer, over a serving workload), which "
+                "only running the 744B checkpoint gives; neither is here, so it cannot be produced in this "
+                "repository. No command produces it yet: there is no placement fitter. Until there is, "
+                "leave GLM_MOE_PLACEMENT unset to serve the checkpoint's order (slower, same output)")
+    if name == BUCKET_FILE:
+        return ("it is the VLLM_BUCKETING_FROM_FILE bucket file; make it with PYTHONPATH=ports/glm-5-mxfp4 "
+                f"python -m glm5_hpu.buckets --tree VLLM_GAUDI_TREE write {rel}")
+    return None
+
+
 # --------------------------------------------------------------------------- command
 def main(argv: list[str] | None = None) -> int:
     import argparse
