@@ -39,10 +39,15 @@ if [ -x .venv-cpu/bin/python ]; then
   stage "emulation-runner(.venv-cpu)"
   [ "$rcr" -eq 5 ] && { echo "!!! emulation runner: pytest collected no tests"; rcr=0; }
   # vllm-gaudi's own tests/unit_tests (the CI selection) on the emulation, pristine vs patched
-  # v0.26.0 tree: the table per file, and exit 1 on a pristine-pass/fixed-fail no fix.yaml explains
-  (cd emulation && export FIXPACK_PYTHON="$PWD/../.venv/bin/python" && bounded 1800 ../.venv-cpu/bin/python -m hpu_harness.unit_tests)
+  # tree of each profile: the table per file, and exit 1 on a pristine-pass/fixed-fail no fix.yaml explains
+  (cd emulation && bounded 1800 env FIXPACK_PYTHON="$PWD/../.venv/bin/python" ../.venv-cpu/bin/python -m hpu_harness.unit_tests)
   rcu=$?
-  stage "vllm-gaudi-unit-tests"
+  stage "vllm-gaudi-unit-tests(v0.26.0)"
+  [ "$rcr" -eq 0 ] && rcr=$rcu
+  # The same selection on profile v0.30.0's development base (vllm-gaudi 091bbad beside vLLM 0.27.0).
+  (cd emulation && bounded 1800 env FIXPACK_PYTHON="$PWD/../.venv/bin/python" ../.venv-cpu/bin/python -m hpu_harness.unit_tests --profile v0.30.0)
+  rcu=$?
+  stage "vllm-gaudi-unit-tests(v0.30.0)"
   [ "$rcr" -eq 0 ] && rcr=$rcu
 else
   echo "!!! .venv-cpu is missing: vllm-gaudi's runner on the emulation was SKIPPED (run scripts/setup-e2e.sh)"
