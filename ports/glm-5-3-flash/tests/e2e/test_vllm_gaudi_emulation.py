@@ -96,3 +96,17 @@ def test_served_by_vllm_gaudi_runner_equal_to_transformers(tree, ckpt, monkeypat
     assert per_layer["batched"] == result["batched"] and per_layer["alone"] == result["alone"]
     decode = [s for s in per_layer["steps"] if s["label"].startswith("decode")]
     assert decode and all(s["marks"] == n_layers for s in decode)
+
+
+def test_prefix_caching_is_refused_through_vllm_gaudi_runner(tree, ckpt, monkeypatch):
+    """The KDA layers keep one recurrent state per sequence, not per KV block: with prefix caching
+    on, the engine must stop at start-up with the port's reason, before any request is served."""
+    path, _ = ckpt
+    monkeypatch.setenv("GLM5_NEXT_MHC_SINKHORN", "torch")
+    args = ["--tree", str(tree), "--model", str(path), "--prompts", json.dumps(ck.prompt_ids(1)), "--lazy"]
+    args += ["--max-tokens", "2", "--plugin", PLUGIN, "--path", str(PORT)]
+    for item in ("dtype=bfloat16", "mamba_ssm_cache_dtype=float32", "enable_prefix_caching=true"):
+        args += ["--engine-arg", item]
+    proc, result = generate.run(args)
+    assert result is None and proc.returncode != 0
+    assert "prefix caching is not supported" in proc.stderr, proc.stderr[-4000:]
