@@ -537,3 +537,29 @@ def test_fp8_expert_slice_off_the_block_grid_is_refused_naming_the_parameter(ref
     ParallelMoE(t, Parallel(0, 1, False), prefix="m", fp8_spec=spec)  # TP 1: 32 rows, one block
     with pytest.raises(UnsupportedConfigError, match=r"w13_weight: this rank's moe_intermediate_size slice \(16"):
         ParallelMoE(t, Parallel(0, TP, False), prefix="m", fp8_spec=spec)
+
+
+def test_clamp_binding_rate_is_counted_from_the_routed_gate_and_up_values(ref_ckpt):
+    """The counts are the routed pairs' gate / up values against the limit, recomputed here from the
+    dequantized weights; moving the limit moves them (they are measured, not constants)."""
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
+    from glm5_next_hpu.vllm.parallel import dequantize_blocks
+
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    spec = BlockFp8Spec.from_quantization_config(FP8_SPEC_QC)
+    moe, _ = _fp8_moe(t, _fp8_moe_stream(ckpt, spec), spec, 0, 1, False)
+    x = torch.randn(23, t.hidden_size, generator=torch.Generator().manual_seed(11))
+    ids = moe.gate(x)[1]
+    w13 = dequantize_blocks(moe.experts.w13_weight, moe.experts.w13_weight_scale_inv, spec.block, x.dtype)
+    h = torch.einsum("td,tkid->tki", x, w13[ids])  # [T, k, 2I], every routed pair
+    gate, up = h.chunk(2, dim=-1)
+    for limit in (0.05, 0.2, moe.experts.limit):
+        moe.experts.limit = limit
+        got = moe.clamp_binding(x)
+        assert got["values"] == ids.numel() * t.moe_intermediate_size
+        assert got["gate_above"] == int((gate > limit).sum()) and got["up_outside"] == int((up.abs() > limit).sum())
+    moe.experts.limit = 0.05
+    small = moe.clamp_binding(x)
+    moe.experts.limit = 1e9
+    assert small["gate_above"] > 0 and small["up_outside"] > 0 and moe.clamp_binding(x)["up_outside"] == 0

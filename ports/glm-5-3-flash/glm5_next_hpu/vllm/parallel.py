@@ -302,6 +302,24 @@ class ParallelExperts(nn.Module):
         return out
 
 
+    @torch.no_grad()
+    def clamp_binding(self, x: torch.Tensor, ids: torch.Tensor) -> dict[str, int]:
+        """How often the SwiGLU clamp changes a value, over this rank's routed (token, expert) pairs:
+        gate values above the limit, up values outside [-limit, limit], and the values of each seen.
+        A measurement (the gathered form's gate/up, no output), not part of the forward."""
+        local = ids - self.start
+        counts = dict(gate_above=0, up_outside=0, values=0)
+        for e in local.unique().tolist():
+            if not 0 <= e < self.count:
+                continue
+            tok = torch.where(local == e)[0]
+            gate, up = F.linear(x[tok], self._w13(e, x.dtype)).chunk(2, dim=-1)
+            counts["gate_above"] += int((gate > self.limit).sum())
+            counts["up_outside"] += int((up.abs() > self.limit).sum())
+            counts["values"] += gate.numel()
+        return counts
+
+
 class ParallelMoE(nn.Module):
     def __init__(
         self, config, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None
@@ -319,6 +337,11 @@ class ParallelMoE(nn.Module):
             reduce=False, what="moe_intermediate_size * n_shared_experts", quant_config=quant_config,
             prefix=f"{prefix}.shared_experts",
         )
+
+    def clamp_binding(self, x: torch.Tensor) -> dict[str, int]:
+        """``ParallelExperts.clamp_binding`` on the tokens ``x`` as this layer routes them."""
+        flat = x.reshape(-1, x.shape[-1])
+        return self.experts.clamp_binding(flat, self.gate(flat)[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])

@@ -193,3 +193,41 @@ def test_vllm_fp8_linear_method_needs_amx_on_cpu(llm):
     object.__setattr__(vc, "model_config", SimpleNamespace(dtype=torch.bfloat16))
     with set_current_vllm_config(vc), pytest.raises(ValueError, match="CPUFp8BlockScaledMMKernel requires AMX"):
         ReplicatedLinear(256, 256, bias=False, quant_config=qc, prefix="probe", params_dtype=torch.bfloat16)
+
+
+def test_clamp_binding_rate_is_measured_per_moe_layer(llm):
+    """How often the SwiGLU clamp binds in each MoE layer over one prompt's prefill and decode, on
+    this random tiny checkpoint (not a figure for the release). Printed; checked to be counted."""
+    from glm5_next_hpu.vllm.parallel import ParallelMoE
+
+    def install(m):
+        m._clamp_counts, m._clamp_hooks = {}, []
+        for name, mod in m.named_modules():
+            if isinstance(mod, ParallelMoE):
+                def hook(module, args, _out, name=name):
+                    c = m._clamp_counts.setdefault(name, dict(gate_above=0, up_outside=0, values=0))
+                    for k, v in module.clamp_binding(args[0]).items():
+                        c[k] += v
+                m._clamp_hooks.append(mod.register_forward_hook(hook))
+
+    def collect(m):
+        for h in m._clamp_hooks:
+            h.remove()
+        return dict(m._clamp_counts), limit_of(m)
+
+    def limit_of(m):
+        return next(mod.experts.limit for mod in m.modules() if isinstance(mod, ParallelMoE))
+
+    llm.apply_model(install)
+    prompt = ck.prompt_ids(N_PROMPTS)[3]
+    try:
+        _generate(llm, [prompt])
+    finally:
+        counts, limit = llm.apply_model(collect)[0]
+    assert counts and all(c["values"] > 0 for c in counts.values())
+    for name, c in sorted(counts.items()):
+        gate, up = c["gate_above"] / c["values"], c["up_outside"] / c["values"]
+        assert 0 <= gate <= 1 and 0 <= up <= 1
+        print(f"clamp binding (limit {limit}, prompt of {len(prompt)} tokens + {NEW_TOKENS} generated, random tiny "
+              f"checkpoint) {name}: gate > limit {gate:.4%} ({c['gate_above']}/{c['values']}), "
+              f"|up| > limit {up:.4%} ({c['up_outside']}/{c['values']})")
