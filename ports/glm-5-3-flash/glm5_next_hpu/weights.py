@@ -20,7 +20,11 @@ from typing import NamedTuple
 
 import torch
 
-_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+# A block-FP8 expert's scale (``.weight_scale_inv``) stacks like its weight, into ``w13_weight_scale_inv`` etc.
+_EXPERT = re.compile(
+    r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)"
+    r"\.weight(?P<scale>_scale_inv)?$"
+)
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -38,7 +42,7 @@ def map_checkpoint_key(key: str, num_hidden_layers: int) -> Target | None:
     m = _EXPERT.match(key)
     if m:
         proj = m.group("proj")
-        param = m.group("prefix") + (".w2_weight" if proj == "down_proj" else ".w13_weight")
+        param = m.group("prefix") + (".w2_weight" if proj == "down_proj" else ".w13_weight") + (m.group("scale") or "")
         return Target(param, int(m.group("expert")), proj.removesuffix("_proj"))
     return Target(key)
 

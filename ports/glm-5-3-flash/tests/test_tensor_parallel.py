@@ -404,3 +404,162 @@ def test_kda_on_vllm_gaudis_contract_equals_vllms(ref_ckpt, monkeypatch):
     got_d, (_, rec_g) = _run_kda_gaudi(layer, td, monkeypatch, [1, 1], 1, state=state, is_prompt=False)
     torch.testing.assert_close(got_d[:2], want_d, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rec_g[:2], rec_d, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- routed experts at rest in FP8
+
+FP8_SPEC_QC = {"quant_method": "fp8", "weight_block_size": [16, 16], "modules_to_not_convert": ["mlp.gate"]}
+PLACEMENTS = [(0, 1, False), (0, TP, False), (1, TP, False), (0, TP, True), (1, TP, True)]
+PLACEMENT_IDS = ["tp1", "tp2-rank0", "tp2-rank1", "tp2-ep-rank0", "tp2-ep-rank1"]
+
+
+def _fp8_moe_stream(ckpt, spec):
+    """Layer 1's MoE as the release stores it: every projection but the router in block FP8."""
+    from glm5_next_hpu.vllm.fp8 import quantize_block_fp8
+
+    prefix, stream = f"{LAYERS}.1.mlp.", []
+    for k, v in ckpt.items():
+        if k.startswith(prefix) and k.endswith(".weight") and ".mlp.gate." not in k:
+            q, sc = quantize_block_fp8(v, spec.block)
+            stream += [(k, q), (k + "_scale_inv", sc)]
+        elif k.startswith(prefix):
+            stream.append((k, v))
+    return stream
+
+
+def _fp8_moe(t, stream, spec, rank, size, ep, at_rest=True):
+    """The MoE built as the model builds it for a block-FP8 checkpoint (``at_rest``), or as before
+    (experts dequantized at load), loaded from ``stream``."""
+    par = Parallel(rank, size, ep, reduce=lambda x: x)  # the rank's partial sum
+    m = ParallelMoE(t, par, prefix=f"{LAYERS}.1.mlp", fp8_spec=spec if at_rest else None)
+    report = load_checkpoint(_under(1, "mlp", m), stream, t.num_hidden_layers, tp_rank=rank, tp_size=size, fp8=spec)
+    return m, report
+
+
+@pytest.mark.parametrize("rank,size,ep", PLACEMENTS, ids=PLACEMENT_IDS)
+def test_fp8_experts_at_rest_hold_the_checkpoints_bytes_and_scales(ref_ckpt, rank, size, ep):
+    """The experts' parameters are e4m3 + fp32 block scales holding the checkpoint's bytes, narrowed
+    to the rank's experts or intermediate slice (no dequantize-requantize), every byte counted once."""
+    from glm5_next_hpu.vllm.fp8 import FP8_DTYPE, BlockFp8Spec
+
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    spec = BlockFp8Spec.from_quantization_config(FP8_SPEC_QC)
+    stream = _fp8_moe_stream(ckpt, spec)
+    m, report = _fp8_moe(t, stream, spec, rank, size, ep)
+    ex = m.experts
+    E, inter, D = t.n_routed_experts, t.moe_intermediate_size, t.hidden_size
+    n, i = (E // size, inter) if ep else (E, inter // size)
+    assert (ex.w13_weight.dtype, ex.w2_weight.dtype) == (FP8_DTYPE, FP8_DTYPE)
+    assert ex.w13_weight_scale_inv.dtype == ex.w2_weight_scale_inv.dtype == torch.float32
+    assert tuple(ex.w13_weight_scale_inv.shape) == (n, 2 * i // 16, D // 16)
+    assert tuple(ex.w2_weight_scale_inv.shape) == (n, D // 16, i // 16)
+    src = dict(stream)
+    bits = lambda w: w.view(torch.uint8)  # noqa: E731  (byte equality: e4m3 NaN-free compare)
+    first = rank * n if ep else 0
+    rows = slice(0, inter) if ep else slice(rank * i, (rank + 1) * i)
+    for e in range(n):
+        key = f"{LAYERS}.1.mlp.experts.{first + e}"
+        for proj, w, s, half in (("gate_proj", ex.w13_weight, ex.w13_weight_scale_inv, 0),
+                                 ("up_proj", ex.w13_weight, ex.w13_weight_scale_inv, 1)):
+            cw, cs = src[f"{key}.{proj}.weight"], src[f"{key}.{proj}.weight_scale_inv"]
+            assert torch.equal(bits(w[e, half * i : (half + 1) * i]), bits(cw[rows])), proj
+            sr = slice(rows.start // 16, rows.stop // 16)
+            assert torch.equal(s[e, half * i // 16 : (half + 1) * i // 16], cs[sr]), proj
+        cw, cs = src[f"{key}.down_proj.weight"], src[f"{key}.down_proj.weight_scale_inv"]
+        assert torch.equal(bits(ex.w2_weight[e]), bits(cw[:, rows]))
+        assert torch.equal(ex.w2_weight_scale_inv[e], cs[:, rows.start // 16 : rows.stop // 16])
+    expert_keys = {k for k, _ in stream if ".experts." in k}
+    mine = {k for k in expert_keys if not ep or int(k.split(".experts.")[1].split(".")[0]) // n == rank}
+    assert {k for k in report.loaded_keys if ".experts." in k} == mine  # weights and scales, each once
+    assert set(report.other_rank_keys) == expert_keys - mine  # EP: the other rank's weights and scales
+    # every expert pair is checked raw (another rank's too, before it is set aside), none dequantized
+    assert {k for k in report.fp8_raw if ".experts." in k} == {k for k in expert_keys if k.endswith(".weight")}
+    assert not [k for k in report.fp8_dequantized if ".experts." in k]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rank,size,ep", PLACEMENTS, ids=PLACEMENT_IDS)
+def test_fp8_experts_at_rest_compute_bit_for_bit_what_dequantizing_at_load_does(ref_ckpt, rank, size, ep, dtype):
+    """Dequantizing a chunk right before its matmul is the load-time dequantization's arithmetic, so
+    both expert forms, and the MoE, give the same bits as experts dequantized at load."""
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
+
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    spec = BlockFp8Spec.from_quantization_config(FP8_SPEC_QC)
+    stream = _fp8_moe_stream(ckpt, spec)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # as vLLM builds the model: the model dtype is the default dtype
+    try:
+        rest, _ = _fp8_moe(t, stream, spec, rank, size, ep)
+        at_load, _ = _fp8_moe(t, stream, spec, rank, size, ep, at_rest=False)
+    finally:
+        torch.set_default_dtype(old)
+    assert at_load.experts.w13_weight.dtype == dtype and rest.experts.fp8_block == (16, 16)
+    g = torch.Generator().manual_seed(7)
+    T, k = 29, t.num_experts_per_tok
+    x = torch.randn(T, t.hidden_size, generator=g).to(dtype)
+    ids = torch.randint(0, t.n_routed_experts, (T, k), generator=g)
+    weights = torch.rand(T, k, generator=g)
+    for form in ("forward_static", "forward_gather"):
+        got = getattr(rest.experts, form)(x, weights, ids)
+        want = getattr(at_load.experts, form)(x, weights, ids)
+        assert got.dtype == dtype and torch.equal(got, want), form
+        assert want.abs().sum() > 0, form  # this rank's experts were reached
+    assert torch.equal(rest(x), at_load(x))
+
+
+def test_fp8_expert_scale_missing_is_refused_naming_the_key(ref_ckpt):
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec, Fp8CheckpointError
+
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    spec = BlockFp8Spec.from_quantization_config(FP8_SPEC_QC)
+    gone = f"{LAYERS}.1.mlp.experts.3.up_proj.weight_scale_inv"
+    stream = [(k, v) for k, v in _fp8_moe_stream(ckpt, spec) if k != gone]
+    with pytest.raises(Fp8CheckpointError, match=rf"{gone[: -len('_scale_inv')]}: FP8 weight without its scale"):
+        _fp8_moe(t, stream, spec, 0, 1, False)
+    # a BF16 expert weight where the experts are held in FP8 is refused, naming it
+    key = f"{LAYERS}.1.mlp.experts.2.down_proj.weight"
+    stream = [(k, ckpt[key] if k == key else v) for k, v in _fp8_moe_stream(ckpt, spec) if k != key + "_scale_inv"]
+    with pytest.raises(Exception, match=rf"{key}: checkpoint dtype torch.float32 into parameter .*w2_weight"):
+        _fp8_moe(t, stream, spec, 0, 1, False)
+
+
+def test_fp8_expert_slice_off_the_block_grid_is_refused_naming_the_parameter(ref_ckpt):
+    """TP 2 gives each rank 16 of the 32 intermediate rows: with 32-row blocks a rank's slice would
+    split a block, so the stacked scales could not be the checkpoint's blocks."""
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
+
+    t = ref_ckpt[1].text_config
+    spec = BlockFp8Spec.from_quantization_config({**FP8_SPEC_QC, "weight_block_size": [32, 32]})
+    ParallelMoE(t, Parallel(0, 1, False), prefix="m", fp8_spec=spec)  # TP 1: 32 rows, one block
+    with pytest.raises(UnsupportedConfigError, match=r"w13_weight: this rank's moe_intermediate_size slice \(16"):
+        ParallelMoE(t, Parallel(0, TP, False), prefix="m", fp8_spec=spec)
+
+
+def test_clamp_binding_rate_is_counted_from_the_routed_gate_and_up_values(ref_ckpt):
+    """The counts are the routed pairs' gate / up values against the limit, recomputed here from the
+    dequantized weights; moving the limit moves them (they are measured, not constants)."""
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
+    from glm5_next_hpu.vllm.parallel import dequantize_blocks
+
+    ckpt, cfg = ref_ckpt
+    t = cfg.text_config
+    spec = BlockFp8Spec.from_quantization_config(FP8_SPEC_QC)
+    moe, _ = _fp8_moe(t, _fp8_moe_stream(ckpt, spec), spec, 0, 1, False)
+    x = torch.randn(23, t.hidden_size, generator=torch.Generator().manual_seed(11))
+    ids = moe.gate(x)[1]
+    w13 = dequantize_blocks(moe.experts.w13_weight, moe.experts.w13_weight_scale_inv, spec.block, x.dtype)
+    h = torch.einsum("td,tkid->tki", x, w13[ids])  # [T, k, 2I], every routed pair
+    gate, up = h.chunk(2, dim=-1)
+    for limit in (0.05, 0.2, moe.experts.limit):
+        moe.experts.limit = limit
+        got = moe.clamp_binding(x)
+        assert got["values"] == ids.numel() * t.moe_intermediate_size
+        assert got["gate_above"] == int((gate > limit).sum()) and got["up_outside"] == int((up.abs() > limit).sum())
+    moe.experts.limit = 0.05
+    small = moe.clamp_binding(x)
+    moe.experts.limit = 1e9
+    assert small["gate_above"] > 0 and small["up_outside"] > 0 and moe.clamp_binding(x)["up_outside"] == 0

@@ -15,8 +15,9 @@ scale at load (``fp8.py``). That is a reference path -- BF16/fp32 compute on deq
 no FP8 GEMM -- and is logged as such. On other platforms (HPU) it does not claim the checkpoint;
 vLLM's own ``Fp8Config`` is built and reaches the model's projections (``layer_quant_config``):
 vLLM's FP8 linear method (vllm-gaudi's on HPU) makes their FP8 weights and block scales, which the
-loader fills with the checkpoint's bytes. The routed experts stay the port's loop in the model
-dtype there too, their FP8 weights dequantized at load (vLLM's FP8 MoE drops the SwiGLU clamp).
+loader fills with the checkpoint's bytes. On both platforms the routed experts are the port's loop
+(vLLM's FP8 MoE drops the SwiGLU clamp), holding the FP8 bytes and block scales at rest and
+dequantizing per chunk of experts right before each matmul (``parallel.ParallelExperts``).
 """
 
 from __future__ import annotations

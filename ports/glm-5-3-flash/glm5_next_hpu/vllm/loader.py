@@ -28,10 +28,12 @@ with its ``<module>.weight_scale_inv`` *before* the region logic above; the pair
 the key, an unpaired weight or scale, a scale off the block grid, a duplicate, and an FP8 tensor of
 a module in modules_to_not_convert. What the pair becomes depends on the weight's parameter:
 
-* a parameter in the model dtype (the CPU reference path; on every path the routed experts, the
-  indexer and the HPU MLA's fused q_a/kv_a projection): the weight is dequantized with its scale,
-  and the byte count checks the dequantized weight like any other;
-* an FP8 parameter (vLLM's FP8 linear method created it, with its ``weight_scale_inv`` beside it):
+* a parameter in the model dtype (the CPU reference path's projections; on every path the indexer
+  and the HPU MLA's fused q_a/kv_a projection): the weight is dequantized with its scale, and the
+  byte count checks the dequantized weight like any other;
+* an FP8 parameter (vLLM's FP8 linear method created it, with its ``weight_scale_inv`` beside it; or
+  the routed experts' stacked ``w13_weight`` / ``w2_weight`` with ``w13_weight_scale_inv`` /
+  ``w2_weight_scale_inv``, gate and up scale block rows stacked like their weights' rows):
   the e4m3 weight and the fp32 scale are both loaded as they are, each narrowed to the rank's
   region (the scale's block rows or columns with the weight's rows or columns) and counted like
   any other parameter, so each byte of either lands exactly once. They go through the parameter's
@@ -95,13 +97,14 @@ def expected_keys(param_name: str, param, num_experts: int | None = None) -> lis
     if fused:
         stem = param_name.rsplit(".", 2)[0]
         return [f"{stem}.{suffix}" for suffix in fused]
-    m = re.match(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<w>w13_weight|w2_weight)$", param_name)
+    m = re.match(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<w>w13_weight|w2_weight)(?P<scale>_scale_inv)?$", param_name)
     if m:
         projs = ("gate_proj", "up_proj") if m.group("w") == "w13_weight" else ("down_proj",)
         start, n, _ = getattr(param, "glm5_experts", (0, param.shape[0], param.shape[0]))
         if num_experts is not None:
             start, n = 0, num_experts
-        return [f"{m.group('prefix')}.{e}.{p}.weight" for e in range(start, start + n) for p in projs]
+        suffix = "weight" + (m.group("scale") or "")
+        return [f"{m.group('prefix')}.{e}.{p}.{suffix}" for e in range(start, start + n) for p in projs]
     return [param_name]
 
 

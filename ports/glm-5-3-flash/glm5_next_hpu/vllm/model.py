@@ -40,8 +40,9 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
   weights dequantized at load. With vLLM's ``Fp8Config`` (HPU) the MLA projections, the dense MLP
   and the shared expert are built by ``parallel.make_linear`` as vLLM linear layers with the
   config's method (``Fp8LinearMethod``: e4m3 weights and block scales, loaded as they are); the
-  KDA projections (BF16 in the release), the HPU path's fused q_a/kv_a projection, the indexer and
-  the routed experts (the SwiGLU clamp) stay in the model dtype, their FP8 weights dequantized.
+  KDA projections (BF16 in the release), the HPU path's fused q_a/kv_a projection and the indexer
+  stay in the model dtype, their FP8 weights dequantized. On both paths the routed experts (the
+  port's loop: the SwiGLU clamp) hold the FP8 bytes and block scales, dequantized per chunk.
 * ``is_hybrid`` / ``has_inner_state`` set: without ``is_hybrid`` vLLM allocates no mamba state
   and every KDA layer is silently skipped; the mamba-state classmethods describe the KDA state.
 """
@@ -478,7 +479,10 @@ class Glm5NextDecoderLayer(nn.Module):
             self.self_attn = Glm5NextKDA(config, vllm_config, attn_prefix, use_scan=switches.kda_scan, par=par)
         else:
             self.self_attn = Glm5NextMLA(config, vllm_config, attn_prefix, par=par)
-        self.mlp = decoder_mlp(config, layer_idx, par, layer_quant_config(vllm_config.quant_config), f"{prefix}.mlp")
+        quant = vllm_config.quant_config
+        self.mlp = decoder_mlp(
+            config, layer_idx, par, layer_quant_config(quant), f"{prefix}.mlp", fp8_spec=checkpoint_fp8_spec(quant)
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         add_mhc_parameters(self, config, requires_grad=False)

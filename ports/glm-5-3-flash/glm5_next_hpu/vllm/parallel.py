@@ -26,7 +26,9 @@ their own to run two ranks in one process.
 CPU reference path for block FP8, which dequantizes at load) the plain layers above; with one of
 vLLM's own configs (``Fp8Config`` on HPU) a ``quant_linear.Glm5NextQuantLinear``, the same split,
 whose parameters and GEMM are the config's method for that module's ``prefix``. The routed experts
-stay the port's loop in the model dtype either way (the clamp; see ``ParallelExperts``).
+stay the port's loop either way (the clamp; see ``ParallelExperts``): for a block-FP8 checkpoint
+(``fp8_spec``) they are held as its e4m3 bytes and fp32 block scales and dequantized per chunk of
+experts right before each matmul.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 
 from ..config import UnsupportedConfigError
 from ..layers.moe import Router, clamped_swiglu
+from .fp8 import FP8_DTYPE, BlockFp8Spec
 
 
 def _vllm_all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -187,13 +190,29 @@ class ParallelMLP(nn.Module):
         return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit))
 
 
+def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype):
+    """``dequantize_block_fp8``'s arithmetic on stacked experts [..., rows, cols]: each element's fp32
+    product with its block's scale, rounded once to ``dtype`` (so the same bits as dequantizing at
+    load). The scale is broadcast with expand/reshape: shapes fixed by the weight's, no host sync."""
+    rows, cols = weight.shape[-2:]
+    *lead, gr, gc = scale_inv.shape
+    s = scale_inv[..., :, None, :, None].expand(*lead, gr, block[0], gc, block[1])
+    s = s.reshape(*lead, gr * block[0], gc * block[1])[..., :rows, :cols]
+    return (weight.to(torch.float32) * s).to(dtype)
+
+
 class ParallelExperts(nn.Module):
     """This rank's routed experts, stacked as FusedMoE holds them (w13 = [gate; up], w2 = down).
 
     ``glm5_experts`` = (first global expert id, count, all experts) tells the loader which checkpoint experts
-    belong here; the forward returns this rank's partial sum (the caller reduces)."""
+    belong here; the forward returns this rank's partial sum (the caller reduces).
 
-    def __init__(self, config, par: Parallel):
+    ``fp8_block``: a block-FP8 checkpoint's block size. The weights are then held at rest as the
+    checkpoint's e4m3 bytes with the stacked fp32 scales ``w13_weight_scale_inv`` [count, 2I/br, ceil(D/bc)]
+    and ``w2_weight_scale_inv`` [count, ceil(D/br), I/bc] (gate's block rows, then up's), and each
+    forward dequantizes the experts it is about to multiply by (half the bytes at rest of BF16)."""
+
+    def __init__(self, config, par: Parallel, fp8_block: tuple[int, int] | None = None):
         super().__init__()
         E, D, I = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
         if par.expert_parallel:
@@ -202,12 +221,46 @@ class ParallelExperts(nn.Module):
         else:
             self.count, self.start = E, 0
             inter, dims = divide(I, par.size, "moe_intermediate_size"), (0, 1)
-        # Shard dims are of the per-expert checkpoint tensors: gate/up [I, D] on 0, down [D, I] on 1.
-        self.w13_weight = _mark(nn.Parameter(torch.zeros(self.count, 2 * inter, D)), dims[0])
-        self.w2_weight = _mark(nn.Parameter(torch.zeros(self.count, D, inter)), dims[1])
-        for p in (self.w13_weight, self.w2_weight):
+        # Shard dims are of the per-expert checkpoint tensors: gate/up [I, D] on 0, down [D, I] on 1
+        # (a scale's block rows / columns narrow with its weight's).
+        self.fp8_block = fp8_block
+        if fp8_block is None:
+            self.w13_weight = _mark(nn.Parameter(torch.zeros(self.count, 2 * inter, D)), dims[0])
+            self.w2_weight = _mark(nn.Parameter(torch.zeros(self.count, D, inter)), dims[1])
+            params = [self.w13_weight, self.w2_weight]
+        else:
+            br, bc = fp8_block
+            # A rank's intermediate slice, and the gate|up seam of w13, must fall on block edges for the
+            # stacked scales to be the checkpoint's block rows / columns (vLLM's FP8 MoE refuses the same).
+            for name, block, what in (("w13_weight", br, "rows"), ("w2_weight", bc, "columns")):
+                if inter % block:
+                    raise UnsupportedConfigError(
+                        f"{name}: this rank's moe_intermediate_size slice ({inter}, TP {par.size}, expert parallel "
+                        f"{par.expert_parallel}) is not a multiple of the FP8 block {what} ({block}); the expert "
+                        "scales cannot be stacked per rank"
+                    )
+            def held(dtype, *shape, dim):
+                return _mark(nn.Parameter(torch.zeros(self.count, *shape, dtype=dtype), requires_grad=False), dim)
+
+            self.w13_weight = held(FP8_DTYPE, 2 * inter, D, dim=dims[0])
+            self.w2_weight = held(FP8_DTYPE, D, inter, dim=dims[1])
+            self.w13_weight_scale_inv = held(torch.float32, 2 * inter // br, -(-D // bc), dim=dims[0])
+            self.w2_weight_scale_inv = held(torch.float32, -(-D // br), inter // bc, dim=dims[1])
+            params = [self.w13_weight, self.w2_weight, self.w13_weight_scale_inv, self.w2_weight_scale_inv]
+        for p in params:
             p.glm5_experts = (self.start, self.count, E)
         self.limit = config.swiglu_limit
+
+    def _w13(self, experts, dtype: torch.dtype) -> torch.Tensor:
+        """w13 of ``experts`` (an index or a slice) in ``dtype``: dequantized here when held in FP8."""
+        if self.fp8_block is None:
+            return self.w13_weight[experts]
+        return dequantize_blocks(self.w13_weight[experts], self.w13_weight_scale_inv[experts], self.fp8_block, dtype)
+
+    def _w2(self, experts, dtype: torch.dtype) -> torch.Tensor:
+        if self.fp8_block is None:
+            return self.w2_weight[experts]
+        return dequantize_blocks(self.w2_weight[experts], self.w2_weight_scale_inv[experts], self.fp8_block, dtype)
 
     #: experts per batched matmul in the static form (bounds the [chunk, T, 2I] intermediate)
     STATIC_CHUNK = 8
@@ -228,9 +281,10 @@ class ParallelExperts(nn.Module):
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
         for first in range(0, self.count, self.STATIC_CHUNK):
             last = min(first + self.STATIC_CHUNK, self.count)
-            h = torch.matmul(x.unsqueeze(0), self.w13_weight[first:last].transpose(1, 2))  # [c, T, 2I]
+            chunk = slice(first, last)
+            h = torch.matmul(x.unsqueeze(0), self._w13(chunk, x.dtype).transpose(1, 2))  # [c, T, 2I]
             gate, up = h.chunk(2, dim=-1)
-            y = torch.matmul(clamped_swiglu(gate, up, self.limit), self.w2_weight[first:last].transpose(1, 2))
+            y = torch.matmul(clamped_swiglu(gate, up, self.limit), self._w2(chunk, x.dtype).transpose(1, 2))
             out += (y.float() * routing[:, first:last].t().unsqueeze(-1).float()).sum(0)
         return out.to(x.dtype)
 
@@ -242,25 +296,52 @@ class ParallelExperts(nn.Module):
             if not 0 <= e < self.count:
                 continue  # another rank's expert
             tok, slot = torch.where(local == e)
-            gate, up = F.linear(x[tok], self.w13_weight[e]).chunk(2, dim=-1)
-            y = F.linear(clamped_swiglu(gate, up, self.limit), self.w2_weight[e])
+            gate, up = F.linear(x[tok], self._w13(e, x.dtype)).chunk(2, dim=-1)
+            y = F.linear(clamped_swiglu(gate, up, self.limit), self._w2(e, x.dtype))
             out.index_add_(0, tok, (y * weights[tok, slot, None]).to(x.dtype))
         return out
 
 
+    @torch.no_grad()
+    def clamp_binding(self, x: torch.Tensor, ids: torch.Tensor) -> dict[str, int]:
+        """How often the SwiGLU clamp changes a value, over this rank's routed (token, expert) pairs:
+        gate values above the limit, up values outside [-limit, limit], and the values of each seen.
+        A measurement (the gathered form's gate/up, no output), not part of the forward."""
+        local = ids - self.start
+        counts = dict(gate_above=0, up_outside=0, values=0)
+        for e in local.unique().tolist():
+            if not 0 <= e < self.count:
+                continue
+            tok = torch.where(local == e)[0]
+            gate, up = F.linear(x[tok], self._w13(e, x.dtype)).chunk(2, dim=-1)
+            counts["gate_above"] += int((gate > self.limit).sum())
+            counts["up_outside"] += int((up.abs() > self.limit).sum())
+            counts["values"] += gate.numel()
+        return counts
+
+
 class ParallelMoE(nn.Module):
-    def __init__(self, config, par: Parallel, quant_config=None, prefix: str = ""):
+    def __init__(
+        self, config, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None
+    ):
         super().__init__()
         self.par = par
         self.gate = Router(config)  # replicated: fp32 routing, identical on every rank
-        # The routed experts are the port's loop in the model dtype on every path (an FP8 checkpoint's
-        # experts are dequantized at load): vLLM's FP8 MoE methods drop the SwiGLU clamp.
-        self.experts = ParallelExperts(config, par)
+        # The routed experts are the port's loop on every path: vLLM's FP8 MoE methods drop the SwiGLU
+        # clamp. A block-FP8 checkpoint's experts stay FP8 at rest unless modules_to_not_convert keeps them.
+        kept = (f"{prefix}.experts", *(f"{prefix}.experts.0.{p}" for p in ("gate_proj", "up_proj", "down_proj")))
+        fp8_block = None if fp8_spec is None or any(map(fp8_spec.skipped, kept)) else fp8_spec.block
+        self.experts = ParallelExperts(config, par, fp8_block)
         self.shared_experts = ParallelMLP(
             config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.swiglu_limit, par,
             reduce=False, what="moe_intermediate_size * n_shared_experts", quant_config=quant_config,
             prefix=f"{prefix}.shared_experts",
         )
+
+    def clamp_binding(self, x: torch.Tensor) -> dict[str, int]:
+        """``ParallelExperts.clamp_binding`` on the tokens ``x`` as this layer routes them."""
+        flat = x.reshape(-1, x.shape[-1])
+        return self.experts.clamp_binding(flat, self.gate(flat)[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -269,9 +350,12 @@ class ParallelMoE(nn.Module):
         return self.par.all_reduce(self.experts(flat, weights, ids).view_as(x) + self.shared_experts(x))
 
 
-def decoder_mlp(config, layer_idx: int, par: Parallel, quant_config=None, prefix: str = "") -> nn.Module:
-    """``prefix``: the MLP's module name (``model.language_model.layers.<i>.mlp``)."""
+def decoder_mlp(
+    config, layer_idx: int, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None
+) -> nn.Module:
+    """``prefix``: the MLP's module name (``model.language_model.layers.<i>.mlp``). ``fp8_spec``: the
+    checkpoint's block-FP8 spec (the routed experts then stay FP8 at rest), None for a BF16 one."""
     if config.mlp_layer_types[layer_idx] == "sparse":
-        return ParallelMoE(config, par, quant_config, prefix)
+        return ParallelMoE(config, par, quant_config, prefix, fp8_spec)
     return ParallelMLP(config.hidden_size, config.intermediate_size, config.swiglu_limit, par,
                        quant_config=quant_config, prefix=prefix)

@@ -5,7 +5,8 @@ projections the release stores in FP8 become e4m3 with per-16x16-block ``weight_
 (128 x 128 in the release; the quantization_config says 16), the rest stays as it was and is
 listed in modules_to_not_convert. vLLM reads the quantization_config; on CPU the plugin's
 reference config takes it (vLLM 0.26.0's FP8 linear kernel on CPU needs AMX, and its FP8 config
-accepts no fp32) and the loader dequantizes each FP8 weight with its scale at load.
+accepts no fp32) and the loader dequantizes each FP8 weight with its scale at load, except the
+routed experts', held as the FP8 bytes and scales and dequantized per chunk before each matmul.
 
 The reference is transformers 5.23.0 on the same checkpoint dequantized by transformers' own
 ``Fp8Dequantize``: greedy tokens, batched and alone, in fp32. One engine start.
@@ -80,11 +81,14 @@ def test_every_fp8_weight_and_its_scale_consumed_once(llm, fp8_ckpt):
         fp8_keys = {k for k in keys if not k.endswith("_scale_inv") and fh.get_slice(k).get_dtype() == "F8_E4M3"}
     scales = {k for k in keys if k.endswith("_scale_inv")}
     assert {k + "_scale_inv" for k in fp8_keys} == scales and len(fp8_keys) == 72
-    loaded, skipped, deq = llm.apply_model(
-        lambda m: (sorted(m.load_report.loaded_keys), list(m.load_report.skipped_keys), list(m.load_report.fp8_dequantized))
+    loaded, skipped, deq, raw = llm.apply_model(
+        lambda m: (sorted(m.load_report.loaded_keys), list(m.load_report.skipped_keys),
+                   list(m.load_report.fp8_dequantized), list(m.load_report.fp8_raw))
     )[0]
-    assert sorted(deq) == sorted(fp8_keys) and len(deq) == len(set(deq))
-    assert set(loaded) == keys - scales and not skipped
+    experts = {k for k in fp8_keys if ".mlp.experts." in k}  # held in FP8 at rest, with their scales
+    assert experts and sorted(raw) == sorted(experts) and len(raw) == len(set(raw))
+    assert sorted(deq) == sorted(fp8_keys - experts) and len(deq) == len(set(deq))
+    assert set(loaded) == keys - {k + "_scale_inv" for k in fp8_keys - experts} and not skipped
 
 
 def test_model_weights_are_the_transformers_dequantized_ones(llm, fp8_ckpt):
@@ -102,12 +106,26 @@ def test_model_weights_are_the_transformers_dequantized_ones(llm, fp8_ckpt):
         "model.language_model.layers.0.mlp.gate_proj.weight": None,
     }
     got = llm.apply_model(lambda m: {k: dict(m.named_parameters())[k].detach().clone() for k in checks})[0]
-    w13 = llm.apply_model(lambda m: dict(m.named_parameters())["model.language_model.layers.1.mlp.experts.w13_weight"].detach().clone())[0]
+    moe = "model.language_model.layers.1.mlp.experts"
+    names = (f"{moe}.w13_weight", f"{moe}.w13_weight_scale_inv")
+    w13, s13 = llm.apply_model(lambda m: tuple(dict(m.named_parameters())[n].detach().clone() for n in names))[0]
     for k, t in got.items():
         assert torch.equal(t, deq[k]), k
         assert not torch.equal(t, orig[k]), k
+    # The routed experts hold the checkpoint's FP8 bytes and scales; dequantized as the forward does it,
+    # they are transformers' weights bit for bit.
+    from glm5_next_hpu.vllm.fp8 import FP8_DTYPE
+    from glm5_next_hpu.vllm.parallel import dequantize_blocks
+    from safetensors import safe_open
+
     inter = w13.shape[1] // 2
-    assert torch.equal(w13[5, inter:], deq["model.language_model.layers.1.mlp.experts.5.up_proj.weight"])
+    up = f"{moe}.5.up_proj.weight"
+    with safe_open(str(fp8_ckpt[0] / "fp8" / "model.safetensors"), "pt") as fh:
+        stored, stored_scale = fh.get_tensor(up), fh.get_tensor(up + "_scale_inv")
+    assert w13.dtype == FP8_DTYPE and s13.dtype == torch.float32
+    assert torch.equal(w13[5, inter:].view(torch.uint8), stored.view(torch.uint8))
+    assert torch.equal(s13[5, inter // 16 :], stored_scale)
+    assert torch.equal(dequantize_blocks(w13[5], s13[5], (16, 16), torch.float32)[inter:], deq[up])
 
 
 def test_fp8_greedy_tokens_batched_equal_transformers_on_dequantized_weights(llm, reference_tokens):
@@ -175,3 +193,41 @@ def test_vllm_fp8_linear_method_needs_amx_on_cpu(llm):
     object.__setattr__(vc, "model_config", SimpleNamespace(dtype=torch.bfloat16))
     with set_current_vllm_config(vc), pytest.raises(ValueError, match="CPUFp8BlockScaledMMKernel requires AMX"):
         ReplicatedLinear(256, 256, bias=False, quant_config=qc, prefix="probe", params_dtype=torch.bfloat16)
+
+
+def test_clamp_binding_rate_is_measured_per_moe_layer(llm):
+    """How often the SwiGLU clamp binds in each MoE layer over one prompt's prefill and decode, on
+    this random tiny checkpoint (not a figure for the release). Printed; checked to be counted."""
+    from glm5_next_hpu.vllm.parallel import ParallelMoE
+
+    def install(m):
+        m._clamp_counts, m._clamp_hooks = {}, []
+        for name, mod in m.named_modules():
+            if isinstance(mod, ParallelMoE):
+                def hook(module, args, _out, name=name):
+                    c = m._clamp_counts.setdefault(name, dict(gate_above=0, up_outside=0, values=0))
+                    for k, v in module.clamp_binding(args[0]).items():
+                        c[k] += v
+                m._clamp_hooks.append(mod.register_forward_hook(hook))
+
+    def collect(m):
+        for h in m._clamp_hooks:
+            h.remove()
+        return dict(m._clamp_counts), limit_of(m)
+
+    def limit_of(m):
+        return next(mod.experts.limit for mod in m.modules() if isinstance(mod, ParallelMoE))
+
+    llm.apply_model(install)
+    prompt = ck.prompt_ids(N_PROMPTS)[3]
+    try:
+        _generate(llm, [prompt])
+    finally:
+        counts, limit = llm.apply_model(collect)[0]
+    assert counts and all(c["values"] > 0 for c in counts.values())
+    for name, c in sorted(counts.items()):
+        gate, up = c["gate_above"] / c["values"], c["up_outside"] / c["values"]
+        assert 0 <= gate <= 1 and 0 <= up <= 1
+        print(f"clamp binding (limit {limit}, prompt of {len(prompt)} tokens + {NEW_TOKENS} generated, random tiny "
+              f"checkpoint) {name}: gate > limit {gate:.4%} ({c['gate_above']}/{c['values']}), "
+              f"|up| > limit {up:.4%} ({c['up_outside']}/{c['values']})")

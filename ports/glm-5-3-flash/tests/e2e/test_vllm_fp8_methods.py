@@ -112,7 +112,7 @@ def _rooted(prefix: str, module: nn.Module) -> nn.Module:
 
 
 def _build(vc, t, layer: int, sub: str, rank: int, size: int) -> nn.Module:
-    from glm5_next_hpu.vllm.fp8_config import layer_quant_config
+    from glm5_next_hpu.vllm.fp8_config import checkpoint_fp8_spec, layer_quant_config
     from glm5_next_hpu.vllm.model import Glm5NextMLA
     from glm5_next_hpu.vllm.parallel import Parallel, decoder_mlp
 
@@ -121,7 +121,8 @@ def _build(vc, t, layer: int, sub: str, rank: int, size: int) -> nn.Module:
     vc.compilation_config.static_forward_context.clear()  # the same attention layer is built per rank
     if sub == "self_attn":
         return Glm5NextMLA(t, vc, prefix, par)
-    return decoder_mlp(t, layer, par, layer_quant_config(vc.quant_config), prefix)
+    # as the model builds it: the checkpoint's block-FP8 spec keeps the routed experts in FP8 at rest
+    return decoder_mlp(t, layer, par, layer_quant_config(vc.quant_config), prefix, checkpoint_fp8_spec(vc.quant_config))
 
 
 def _load(vc, ckpt, t, layer, sub, rank, size, items=None):
@@ -202,7 +203,8 @@ def test_fp8_config_builds_vllm_fp8_parameters_of_the_ranks_shape(vllm_fp8, fp8_
         assert seen_fp8 == {"gate_proj", "up_proj", "down_proj"}
     else:
         assert seen_fp8 == {f"shared_experts.{p}" for p in ("gate_proj", "up_proj", "down_proj")}
-        assert module.experts.w13_weight.dtype == torch.float32  # routed experts: the port's loop, dequantized
+        # routed experts: the port's loop (the clamp), holding the FP8 bytes and fp32 block scales
+        assert module.experts.w13_weight.dtype == FP8 and module.experts.w2_weight_scale_inv.dtype == torch.float32
 
 
 @pytest.mark.parametrize("layer,sub", CASES, ids=["mla", "dense-mlp", "moe"])
@@ -221,10 +223,13 @@ def test_every_fp8_tensor_and_scale_lands_once_with_the_checkpoints_bytes(vllm_f
     }
     fp8_keys = {k for k, v in part.items() if v.dtype == FP8}
     assert fp8_linears and fp8_linears <= fp8_keys
-    assert sorted(report.fp8_raw) == sorted(fp8_linears) and len(set(report.fp8_raw)) == len(report.fp8_raw)
-    assert sorted(report.fp8_dequantized) == sorted(fp8_keys - fp8_linears)
+    experts = {k for k in fp8_keys if ".mlp.experts." in k}  # raw into the stacked experts (test_tensor_parallel)
+    assert bool(experts) == (sub == "mlp" and layer != 0)
+    raw = fp8_linears | experts
+    assert sorted(report.fp8_raw) == sorted(raw) and len(set(report.fp8_raw)) == len(report.fp8_raw)
+    assert sorted(report.fp8_dequantized) == sorted(fp8_keys - raw)
     raw_scales = {k + "_scale_inv" for k in fp8_linears}
-    other_scales = {k + "_scale_inv" for k in fp8_keys - fp8_linears}
+    other_scales = {k + "_scale_inv" for k in fp8_keys - raw}
     assert report.loaded_keys == set(part) - other_scales  # the raw scales are loaded keys of their own
     assert not report.skipped_keys
     for key in sorted(fp8_linears | raw_scales):
