@@ -79,7 +79,11 @@ class Glm5NextQuantLinear(LinearBase):
         """The parameter's weight_loader: ``loaded`` is already this rank's region (the port's loader
         narrowed and checked it); ``dest`` the region of ``param`` it fills (the whole by default)."""
         dest = param.data if dest is None else dest
-        if dest.shape != loaded.shape or dest.dtype != loaded.dtype:
+        # An unquantized module's weight is cast to the model dtype as vLLM's default loader casts it
+        # (an fp32-stored checkpoint served in bf16); FP8 bytes and scales only ever land as they are.
+        fp8 = {loaded.dtype, dest.dtype} & {torch.float8_e4m3fn, torch.float8_e4m3fnuz}
+        cast = not fp8 and loaded.dtype.is_floating_point and dest.dtype.is_floating_point
+        if dest.shape != loaded.shape or (dest.dtype != loaded.dtype and not cast):
             raise ValueError(
                 f"weight_loader: {tuple(loaded.shape)} {loaded.dtype} into {tuple(dest.shape)} {dest.dtype}"
             )

@@ -127,3 +127,22 @@ def test_prefix_caching_is_refused_through_vllm_gaudi_runner(tree, ckpt, monkeyp
     proc, result = generate.run(args)
     assert result is None and proc.returncode != 0
     assert "prefix caching is not supported" in proc.stderr, proc.stderr[-4000:]
+
+
+def test_block_fp8_checkpoint_experts_fp8_at_rest(tree, ckpt, tmp_path_factory, monkeypatch):
+    """The block-FP8 checkpoint (as the seed serves it): the routed experts held as e4m3 bytes with
+    their block scales and dequantized per chunk inside the step (exact clamp), the projections
+    through vllm-gaudi's own FP8 linear method; tokens against transformers on the checkpoint
+    transformers dequantizes itself, in bf16."""
+    path, ref = ckpt
+    root = tmp_path_factory.mktemp("glm5_next_tiny_fp8_hpu")
+    ck.build_fp8(path, root / "fp8", ref.config)
+    ck.dequantize_with_transformers(root / "fp8", root / "dequantized", dtype=torch.bfloat16)
+    deq = type(ref).from_pretrained(root / "dequantized", dtype=torch.bfloat16).eval()
+    prompts = ck.prompt_ids(4)
+    reference = greedy_reference(deq, prompts, NEW_TOKENS)
+    result = _serve(tree, root / "fp8", prompts, monkeypatch)
+    reference.check_divergence(result["batched"], TIE)
+    reference.check_divergence(result["alone"], TIE)
+    for step in (s for s in result["steps"] if "warmup" not in s["label"]):
+        assert step["syncs_in_graph"] == [], (step["label"], step["syncs_in_graph"])
