@@ -20,10 +20,11 @@ planned. What it does, step by step:
    EP). The switches are the recipe's. Each built parameter is then counted at its at-rest dtype
    on HPU: block FP8 (1 byte per weight + one fp32 inverse scale per 128 x 128 block) for the
    projections the port builds as vLLM FP8 linear layers on HPU (MLA q_b / o_proj, dense MLP,
-   shared expert, unless listed in ``modules_to_not_convert``) and for the routed experts with
-   ``--experts fp8``; the model dtype for the rest (KDA, the fused q_a/kv_a projection, the
-   indexer, router, mHC, norms, vision, vocabulary; routed experts with ``--experts bf16``, as
-   the port builds them today). vllm-gaudi's MLA keeps two more copies of kv_b_proj after loading
+   shared expert, unless listed in ``modules_to_not_convert``); the routed experts with
+   ``--experts fp8`` as the model holds them for a block-FP8 checkpoint (its own e4m3 parameters
+   and fp32 block scales, counted at their size); the model dtype for the rest (KDA, the fused
+   q_a/kv_a projection, the indexer, router, mHC, norms, vision, vocabulary; routed experts with
+   ``--experts bf16``, dequantized at load). vllm-gaudi's MLA keeps two more copies of kv_b_proj after loading
    (``W_UK_T`` and ``W_UV``, ``oot_mla.py`` ``process_weights_after_loading``), counted from the
    built kv_b_proj. The CPU build's MLA is the expanded form; its parameters are the HPU form's
    (q_a + kv_a rows = the fused projection's rows), its attention layer has none.
@@ -66,7 +67,7 @@ FP8_LINEAR = re.compile(
     r"^model\.language_model\.layers\.\d+\."
     r"(self_attn\.(q_b_proj|kv_b_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj)|mlp\.shared_experts\.\w+)$"
 )
-ROUTED = re.compile(r"\.mlp\.experts\.w(13|2)_weight$")
+ROUTED = re.compile(r"\.mlp\.experts\.w(13|2)_weight(_scale_inv)?$")
 
 ARG_MAP = {
     "--tensor-parallel-size": "tensor_parallel_size",
@@ -244,7 +245,13 @@ def weight_bytes(model, skipped: list[str] | None, experts: str, dtype_bytes: in
         module = name.rsplit(".", 1)[0]
         shape = tuple(p.shape)
         if ROUTED.search(name):
-            out["routed experts"] += fp8_at_rest(shape) if experts == "fp8" else p.numel() * dtype_bytes
+            scale = name.endswith("_scale_inv")
+            if experts == "bf16":  # the experts dequantized at load, as the port held them before
+                out["routed experts"] += 0 if scale else p.numel() * dtype_bytes
+            elif scale or p.element_size() == 1:  # the model's own e4m3 bytes and fp32 block scales
+                out["routed experts"] += p.numel() * p.element_size()
+            else:  # built without the checkpoint's FP8 spec
+                out["routed experts"] += fp8_at_rest(shape)
             continue
         quant = (skipped is not None and FP8_LINEAR.search(module) is not None and name.endswith(".weight")
                  and not is_layer_skipped(module, skipped))

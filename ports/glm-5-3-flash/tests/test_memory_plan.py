@@ -115,3 +115,30 @@ def test_at_rest_dtype_rule_on_named_parameters():
     assert got["vision tower"] == 256 * 128 * 2
     assert got["dense MLPs"] == fp8_at_rest((256, 128)) + 256 * 128 * 2
     assert weight_bytes(root, None, "fp8", 2)["dense MLPs"] == 2 * 256 * 128 * 2  # no FP8 checkpoint
+
+
+def test_fp8_experts_are_counted_once_at_their_own_size():
+    """The model holds a block-FP8 checkpoint's experts as e4m3 parameters beside fp32 block scales:
+    both count as routed experts, at their size, and nothing of them elsewhere (the scales were once
+    counted a second time among the dense MLPs); with --experts bf16 the weights count in the model
+    dtype and the scales not at all."""
+    import torch
+    from glm5_next_hpu.memory_plan import weight_bytes
+
+    root = torch.nn.Module()
+    root.model = torch.nn.Module()
+    root.model.language_model = torch.nn.Module()
+    layer = torch.nn.Module()
+    layer.mlp = torch.nn.Module()
+    layer.mlp.experts = torch.nn.Module()
+    e = layer.mlp.experts
+    e.w13_weight = torch.nn.Parameter(torch.zeros(4, 512, 256, dtype=torch.float8_e4m3fn), requires_grad=False)
+    e.w2_weight = torch.nn.Parameter(torch.zeros(4, 256, 256, dtype=torch.float8_e4m3fn), requires_grad=False)
+    e.w13_weight_scale_inv = torch.nn.Parameter(torch.zeros(4, 4, 2))
+    e.w2_weight_scale_inv = torch.nn.Parameter(torch.zeros(4, 2, 2))
+    root.model.language_model.layers = torch.nn.ModuleList([layer])
+    got = weight_bytes(root, [], "fp8", 2)
+    assert got["routed experts"] == 4 * (512 * 256 + 256 * 256) + 4 * 4 * (4 * 2 + 2 * 2)
+    assert sum(v for k, v in got.items() if k != "routed experts") == 0
+    bf16 = weight_bytes(root, [], "bf16", 2)
+    assert bf16["routed experts"] == 4 * (512 * 256 + 256 * 256) * 2
