@@ -117,12 +117,30 @@ def main(argv: list[str] | None = None) -> int:
         for s in steps
     ]
     result["memory"] = memory.stats()
+    result["memory"]["kv_cache_tensors"] = _storage_bytes(runner.kv_caches)
     if args.logprobs:
         result["logprobs"] = logprobs
     for s in steps:
         print(s.summary(), file=sys.stderr)
     print(RESULT + " " + json.dumps(result), flush=True)
     return 0
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages in a nest of lists/tuples of tensors (the runner's KV caches:
+    what it holds as KV, apart from anything else allocated while the cache was set up)."""
+    import torch
+
+    seen: dict[int, int] = {}
+    stack = [tensors]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
 
 
 if __name__ == "__main__":

@@ -241,7 +241,8 @@ def weight_bytes(model, skipped: list[str] | None, experts: str, dtype_bytes: in
     out = {k: 0 for k in ("routed experts", "KDA layers", "MLA layers", "MLA W_UK_T + W_UV (vllm-gaudi)",
                           "MoE shared experts + router", "dense MLPs", "mHC", "norms", "vision tower",
                           "embedding + lm_head")}
-    for name, p in model.named_parameters():
+    # Buffers live on the card beside the parameters (the vision tower's inv_freq), at their size.
+    for name, p in [*model.named_parameters(), *model.named_buffers()]:
         module = name.rsplit(".", 1)[0]
         shape = tuple(p.shape)
         if ROUTED.search(name):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -146,3 +147,37 @@ def test_block_fp8_checkpoint_experts_fp8_at_rest(tree, ckpt, tmp_path_factory, 
     reference.check_divergence(result["alone"], TIE)
     for step in (s for s in result["steps"] if "warmup" not in s["label"]):
         assert step["syncs_in_graph"] == [], (step["label"], step["syncs_in_graph"])
+
+
+def test_memory_plan_agrees_with_the_emulations_allocation(tree, ckpt, tmp_path, monkeypatch):
+    """The memory plan (the port's model on the meta device, vLLM's KV arithmetic, vllm-gaudi's hybrid
+    allocation rule) for the tiny checkpoint against what the emulation counted on the card when
+    vllm-gaudi's runner loaded it and allocated its KV cache with the same arguments."""
+    import re
+    import subprocess
+
+    path, _ = ckpt
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "switches: {GLM5_NEXT_MHC_SINKHORN: torch}\n"
+        "serve:\n  args:\n    - --tensor-parallel-size: 1\n    - --dtype: bfloat16\n    - --max-model-len: 256\n"
+        "    - --max-num-seqs: 4\n    - --num-gpu-blocks-override: 16\n    - --max-num-batched-tokens: 256\n"
+        "    - --gpu-memory-utilization: 0.5\n    - --no-enable-prefix-caching\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PORT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm5_next_hpu.memory_plan", "--recipe", str(recipe), "--model", str(path),
+         "--experts", "bf16"], capture_output=True, text=True, env=env, timeout=900,
+    )
+    rows = {m[1].strip(): int(m[2].replace(",", "")) for m in re.finditer(r"^\| (.+?) \| ([-\d,]+) \|", proc.stdout, re.M)}
+    assert "total allocated" in rows, proc.stdout + proc.stderr[-3000:]
+    result = _serve(tree, path, ck.prompt_ids(1), monkeypatch)
+    card = result["memory"]
+    planned_kv = sum(rows[k] for k in ("MLA latent cache (read)", "MLA value cache (allocated, never read)",
+                                       "KDA state (compact)"))
+    planned_weights = rows["routed experts (bf16)"] + rows["other weights"]
+    # Weights: every storage the runner's load_model left on the card. KV: the runner's own KV and
+    # state tensors (the rest of what initialize_kv_cache allocates is the runner's other device state).
+    assert card["weights"] == planned_weights, (card, rows)
+    assert card["kv_cache_tensors"] == planned_kv, (card, rows)
+    assert planned_kv <= card["kv_cache"] < planned_kv * 1.01, (card, rows)
