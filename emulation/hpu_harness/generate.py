@@ -39,7 +39,9 @@ def _worker_facts(worker, suffixes: tuple[str, ...]) -> dict:
 
     tp = get_tp_group()
     params = {
-        name: dict(shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."), sum=float(p.detach().cpu().float().sum()))
+        name: dict(
+            shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."), sum=float(p.detach().cpu().float().sum())
+        )
         for name, p in worker.model_runner.model.named_parameters()
         if name.endswith(suffixes)
     }
