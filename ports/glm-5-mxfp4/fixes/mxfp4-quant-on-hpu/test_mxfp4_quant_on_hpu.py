@@ -13,9 +13,8 @@ STOCK = ["compressed-tensors", "fp8", "inc", "awq_hpu", "gptq_hpu", "modelopt", 
 
 @pytest.fixture()
 def hpu(tree, monkeypatch):
-    from vllm_gaudi.platform import HpuPlatform
-
     import vllm.config.model as model_config
+    from vllm_gaudi.platform import HpuPlatform
 
     monkeypatch.setattr(model_config, "current_platform", HpuPlatform())
     # ModelConfig inspects the architecture in a subprocess: it must import the tree's vLLM too
