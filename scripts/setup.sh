@@ -6,6 +6,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Disk first: the four venvs take about 16 GB (measured: .venv 3.0, .venv-tf514 2.8, .venv-cpu 6.2,
+# .venv-cpu030 3.5 GB) and pip unpacks wheels beside them; a full disk half-way through pip leaves
+# a broken venv and an OSError far from its cause, so say it here, before anything is installed.
+need=2  # GB: pip's temporary files and the release sources in the fixpack cache
+[ -x .venv/bin/python ] || need=$((need + 3))
+[ -x .venv-tf514/bin/python ] || need=$((need + 3))
+if [ "${FIXPACK_SKIP_E2E:-0}" != "1" ]; then
+  [ -x .venv-cpu/bin/python ] || need=$((need + 7))
+  [ -x .venv-cpu030/bin/python ] || need=$((need + 4))
+fi
+free=$(df -Pk . | awk 'NR == 2 { print int($4 / 1000000) }')
+if [ "$free" -lt "$need" ]; then
+  echo "setup: $PWD has ${free} GB free; the venvs still to be made need about ${need} GB." >&2
+  echo "setup: free some space (FIXPACK_SKIP_E2E=1 skips .venv-cpu and .venv-cpu030, 11 GB); nothing was installed." >&2
+  exit 1
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
