@@ -1,6 +1,6 @@
 """Per-card memory plan of a GLM-5.3-Flash deployment on Gaudi, from a recipe.
 
-    python -m glm5_next_hpu.memory_plan --recipe recipes/zai-org/GLM-5.3-Flash/recipe.yaml [--experts fp8|bf16]
+    python -m glm5_next_hpu.memory_plan --recipe recipes/zai-org/GLM-5.3-Flash/recipe.yaml [--experts fp8|bf16] [--release-kv]
 
 Runs where vLLM 0.26.0 imports (``.venv-cpu`` here; the image). Exit 0: the deployment fits under
 ``--gpu-memory-utilization`` of the card; 1: it does not; 2: the recipe or the config cannot be
@@ -35,11 +35,13 @@ planned. What it does, step by step:
    vLLM's real ``get_kv_cache_groups`` / ``get_kv_cache_config_from_groups`` (which apply the
    override), then the bytes vllm-gaudi v0.26.0 allocates for them in its hybrid path
    (``hpu_model_runner.py`` ``initialize_kv_cache``, ``use_hybrid_cache``, auto-enabled for
-   linear-attention models): per attention layer a key **and** a value tensor of
-   ``get_kv_cache_shape(num_blocks * block / 128 + 1, 128, ...)`` = ``(kernel blocks * 128, 512)``
-   (the MLA path only reads the first: ``oot_mla.py`` ``forward_impl`` writes ``kv_cache[0]``,
-   ``hpu_attn.py`` ``forward_mha`` / ``forward_mqa`` read ``k_cache[0]``); per shared KV tensor
-   one compact KDA state (``max_num_seqs * GDN groups + 2`` slots, ``VLLM_COMPACT_GDN``).
+   linear-attention models) with the port's patches applied: per MLA layer a latent (key) tensor
+   of ``get_kv_cache_shape(num_blocks * block / 128 + 1, 128, ...)`` = ``(kernel blocks * 128,
+   512)``; per shared KV tensor one compact KDA state (``max_num_seqs * GDN groups + 2`` slots,
+   ``VLLM_COMPACT_GDN``). The pristine release also allocates a value tensor of the same shape per
+   MLA layer that the MLA path never reads (``oot_mla.py`` ``forward_impl`` writes ``kv_cache[0]``,
+   ``hpu_attn.py`` ``forward_mha`` / ``forward_mqa`` read ``k_cache[0]``); the port's patch
+   ``hybrid-mla-no-value-cache`` leaves it out, and ``--release-kv`` counts it as the release does.
 4. **Headroom**: ``gpu_memory_utilization x card`` minus weights, KV and KDA state: what is left
    for activations, HPU graphs and workspaces; the deployment fits when it is not negative.
 """
@@ -286,9 +288,15 @@ class _HpuKernelBlocks:
         return [HPU_KERNEL_BLOCK]
 
 
-def kv_bytes(model, vllm_config, max_num_seqs: int) -> tuple[dict[str, int], int, int, int]:
+VALUE_CACHE_FIX = "hybrid-mla-no-value-cache"
+VALUE_CACHE_ROW = f"MLA value cache (release without {VALUE_CACHE_FIX}: allocated, never read)"
+
+
+def kv_bytes(model, vllm_config, max_num_seqs: int, release_kv: bool = False) -> tuple[dict[str, int], int, int, int, int]:
     """({component: bytes} as vllm-gaudi's hybrid path allocates, block size, num_blocks, the bytes
-    vLLM's own KVCacheConfig accounts for)."""
+    vLLM's own KVCacheConfig accounts for, the MLA value cache the port's patch
+    hybrid-mla-no-value-cache leaves out). With the port applied (install.sh) the runner allocates
+    no MLA value cache; ``release_kv`` counts it as the pristine release allocates it."""
     import torch
     from vllm.platforms.interface import Platform
     from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
@@ -314,24 +322,28 @@ def kv_bytes(model, vllm_config, max_num_seqs: int) -> tuple[dict[str, int], int
     kvc = get_kv_cache_config_from_groups(vllm_config, groups, available_memory=1 << 50)
     n = kvc.num_blocks
     gdn_groups = sum(isinstance(g.kv_cache_spec, MambaSpec) for g in kvc.kv_cache_groups)
-    out = {"MLA latent cache (read)": 0, "MLA value cache (allocated, never read)": 0, "KDA state (compact)": 0}
+    out = {"MLA latent cache": 0, **({VALUE_CACHE_ROW: 0} if release_kv else {}), "KDA state (compact)": 0}
+    value_cache = 0
     for group in kvc.kv_cache_groups:
         spec = group.kv_cache_spec
         if isinstance(spec, FullAttentionSpec):
             kernel_blocks = n * (spec.block_size // HPU_KERNEL_BLOCK)
             one = (kernel_blocks + 1) * HPU_KERNEL_BLOCK * spec.head_size * spec.num_kv_heads * spec.dtype.itemsize
-            out["MLA latent cache (read)"] += one * len(group.layer_names)
-            out["MLA value cache (allocated, never read)"] += one * len(group.layer_names)
+            out["MLA latent cache"] += one * len(group.layer_names)
+            value_cache += one * len(group.layer_names)
+    if release_kv:
+        out[VALUE_CACHE_ROW] = value_cache
     # One compact state per shared KV tensor holding a KDA layer; slots max_num_seqs * GDN groups + 2.
     kda_spec = next(g.kv_cache_spec for g in kvc.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec))
     per_slot = sum(math.prod(s) * d.itemsize for s, d in zip(kda_spec.shapes, kda_spec.dtypes, strict=True))
     kda_layers = {ln for g in kvc.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec) for ln in g.layer_names}
     tensors = sum(1 for t in kvc.kv_cache_tensors if kda_layers & set(t.shared_by))
     out["KDA state (compact)"] = tensors * (max_num_seqs * gdn_groups + 2) * per_slot
-    return out, cc.block_size, n, sum(t.size for t in kvc.kv_cache_tensors)
+    return out, cc.block_size, n, sum(t.size for t in kvc.kv_cache_tensors), value_cache
 
 
-def plan(recipe: Path, experts: str = "fp8", model_dir: Path | None = None, card: str = "gaudi2", rank: int = 0) -> Plan:
+def plan(recipe: Path, experts: str = "fp8", model_dir: Path | None = None, card: str = "gaudi2", rank: int = 0,
+         release_kv: bool = False) -> Plan:
     kwargs, switches = recipe_args(recipe)
     for name, value in switches.items():
         os.environ[name] = value  # the recipe's switches (GLM5_NEXT_VISION builds the tower)
@@ -357,14 +369,20 @@ def plan(recipe: Path, experts: str = "fp8", model_dir: Path | None = None, card
     dtype_bytes = vllm_config.model_config.dtype.itemsize
     weights = weight_bytes(model, skipped if qc else None, experts, dtype_bytes)
     pc = vllm_config.parallel_config
-    kv, block, n, accounting = kv_bytes(model, vllm_config, vllm_config.scheduler_config.max_num_seqs)
+    kv, block, n, accounting, value_cache = kv_bytes(model, vllm_config, vllm_config.scheduler_config.max_num_seqs, release_kv)
     p = Plan(card=card, card_bytes=CARDS[card], utilization=vllm_config.cache_config.gpu_memory_utilization,
              experts=experts, tp=pc.tensor_parallel_size, ep=bool(pc.enable_expert_parallel), rank=rank,
              block_size=block, num_blocks=n, mla_detection=mla, weights=weights, kv=kv)
     p.notes.append(
         f"vLLM accounts {accounting:,} bytes ({accounting / GIB:.2f} GiB) for this KV pool; vllm-gaudi's hybrid path "
-        f"allocates {p.kv_bytes:,} ({p.kv_bytes / GIB:.2f} GiB): a key and a value tensor per MLA layer, of which "
-        "the MLA path reads only the key (latent) tensor, and the compact KDA state instead of per-block state"
+        f"allocates {p.kv_bytes:,} ({p.kv_bytes / GIB:.2f} GiB): the MLA latent (key) tensors and the compact KDA "
+        "state instead of per-block state"
+        + (", and a value tensor per MLA layer that the MLA path never reads" if release_kv else "")
+    )
+    p.notes.append(
+        f"the port's patch {VALUE_CACHE_FIX} (applied by install.sh) leaves out the MLA value cache the release "
+        f"allocates and never reads: {value_cache:,} bytes ({value_cache / GIB:.2f} GiB) per card; "
+        + ("counted above (--release-kv)" if release_kv else "not counted above (--release-kv counts it)")
     )
     return p
 
@@ -376,10 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, help="a folder with the checkpoint's config.json (default: the release's config)")
     ap.add_argument("--card", choices=sorted(CARDS), default="gaudi2")
     ap.add_argument("--rank", type=int, default=0, help="the TP rank to plan (every rank has the same sizes)")
+    ap.add_argument("--release-kv", action="store_true",
+                    help=f"KV as the release allocates it, without the port's {VALUE_CACHE_FIX} (an unread value cache per MLA layer)")
     ns = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the plan on stdout, not vLLM's start-up log
     try:
-        p = plan(ns.recipe, ns.experts, ns.model, ns.card, ns.rank)
+        p = plan(ns.recipe, ns.experts, ns.model, ns.card, ns.rank, ns.release_kv)
     except (PlanError, FileNotFoundError) as exc:
         print(f"memory_plan: {exc}", file=sys.stderr)
         return 2

@@ -52,9 +52,12 @@ def test_seed_recipe_fits_with_fp8_experts(fp8_plan):
     assert "verdict: FITS" in out
     # 36 whole experts per rank (EP 8) in each of 42 MoE layers: w13 [4096, 4096] and w2 [4096, 2048] in block FP8.
     assert rows["routed experts (fp8)"] == MOE_LAYERS * (EXPERTS // TP) * (fp8(2 * INTER, D) + fp8(D, INTER))
-    # vllm-gaudi's hybrid path: per MLA layer a key and a value tensor of (1280 * 640/128 + 1) * 128 rows x 512, bf16.
+    # vllm-gaudi's hybrid path with the port's patches: per MLA layer a latent (key) tensor of
+    # (1280 * 640/128 + 1) * 128 rows x 512, bf16, and no value tensor (hybrid-mla-no-value-cache).
     per_layer = (1280 * 640 // 128 + 1) * 128 * 512 * 2
-    assert rows["MLA latent cache (read)"] == rows["MLA value cache (allocated, never read)"] == 11 * per_layer
+    assert rows["MLA latent cache"] == 11 * per_layer
+    assert not any(k.startswith("MLA value cache") for k in rows)
+    assert f"hybrid-mla-no-value-cache (applied by install.sh) leaves out the MLA value cache the release allocates and never reads: {11 * per_layer:,} bytes" in out
     # Compact KDA state: (32 seqs x 4 GDN groups + 2) slots x (conv 3*1024 x 3 bf16 + 8 x 128 x 128 fp32) per shared tensor.
     per_slot = 3 * 1024 * 3 * 2 + 8 * 128 * 128 * 4
     assert rows["KDA state (compact)"] % ((32 * 4 + 2) * per_slot) == 0
@@ -62,7 +65,7 @@ def test_seed_recipe_fits_with_fp8_experts(fp8_plan):
     parts = ("KDA layers", "MLA layers", "MLA W_UK_T + W_UV (vllm-gaudi)", "MoE shared experts + router", "dense MLPs",
              "mHC", "norms", "vision tower", "embedding + lm_head")
     assert rows["other weights"] == sum(rows[k] for k in parts)
-    kv = rows["MLA latent cache (read)"] + rows["MLA value cache (allocated, never read)"] + rows["KDA state (compact)"]
+    kv = rows["MLA latent cache"] + rows["KDA state (compact)"]
     assert total == rows["routed experts (fp8)"] + rows["other weights"] + kv
     assert rows["budget (gpu_memory_utilization 0.82 x card)"] == int(0.82 * 96 * 10**9)
     assert rows["activation and graph headroom left"] == rows["budget (gpu_memory_utilization 0.82 x card)"] - total > 0
@@ -78,7 +81,20 @@ def test_bf16_experts_do_not_fit(fp8_plan):
     # Everything but the experts is the same plan.
     fp8_rows = fp8_plan[2]
     assert rows["other weights"] == fp8_rows["other weights"]
-    assert rows["MLA latent cache (read)"] == fp8_rows["MLA latent cache (read)"]
+    assert rows["MLA latent cache"] == fp8_rows["MLA latent cache"]
+
+
+def test_release_kv_counts_the_unread_value_cache(fp8_plan):
+    """--release-kv: the KV as the pristine release allocates it (a value tensor per MLA layer, the
+    latent's size): the saving of hybrid-mla-no-value-cache is exactly that row, and the seed's
+    recipe still fits without the patch."""
+    rc, out, rows = run_plan("--experts", "fp8", "--release-kv")
+    fp8_rows = fp8_plan[2]
+    value = rows["MLA value cache (release without hybrid-mla-no-value-cache: allocated, never read)"]
+    assert value == rows["MLA latent cache"] == fp8_rows["MLA latent cache"]
+    assert rows["total allocated"] == fp8_rows["total allocated"] + value
+    assert rows["activation and graph headroom left"] == fp8_rows["activation and graph headroom left"] - value
+    assert rc == 0 and "counted above (--release-kv)" in out, out
 
 
 def test_a_recipe_without_tensor_parallel_size_is_refused(tmp_path):

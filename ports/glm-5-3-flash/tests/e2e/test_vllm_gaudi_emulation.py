@@ -202,15 +202,17 @@ def test_memory_plan_agrees_with_the_emulations_allocation(tree, ckpt, tmp_path,
     assert "total allocated" in rows, proc.stdout + proc.stderr[-3000:]
     result = _serve(tree, path, ck.prompt_ids(1), monkeypatch)
     card = result["memory"]
-    planned_kv = sum(
-        rows[k] for k in ("MLA latent cache (read)", "MLA value cache (allocated, never read)", "KDA state (compact)")
-    )
+    # The tree has the port applied (hybrid-mla-no-value-cache: the runner allocates no MLA value cache).
+    planned_kv = rows["MLA latent cache"] + rows["KDA state (compact)"]
+    assert not any(k.startswith("MLA value cache") for k in rows), rows
     planned_weights = rows["routed experts (bf16)"] + rows["other weights"]
     # Weights: every storage the runner's load_model left on the card. KV: the runner's own KV and
     # state tensors (the rest of what initialize_kv_cache allocates is the runner's other device state).
     assert card["weights"] == planned_weights, (card, rows)
     assert card["kv_cache_tensors"] == planned_kv, (card, rows)
-    assert planned_kv <= card["kv_cache"] < planned_kv * 1.01, (card, rows)
+    # initialize_kv_cache's other device state (input batch, cache-group indices...): 4,272 bytes
+    # here, not attributed; bounded absolutely, since the KV itself is small on the tiny model.
+    assert 0 <= card["kv_cache"] - planned_kv <= 8192, (card, rows)
 
 
 RECIPE = REPO / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
