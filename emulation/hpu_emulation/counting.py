@@ -167,5 +167,10 @@ def steps() -> list[Step]:
     return list(_steps)
 
 
+def current_step() -> Step | None:
+    """The step being counted now (its label says prefill, decode or warmup), None outside one."""
+    return _state.step
+
+
 def clear() -> None:
     _steps.clear()

@@ -83,6 +83,16 @@ def test_host_syncs_are_counted_with_their_place_and_graph_region():
     assert step.marks == 1 and step.graph_calls == 1 and step.segments[-1] >= 1
 
 
+def test_current_step_is_the_open_one():
+    assert counting.current_step() is None
+    with counting.step("outer") as outer:
+        assert counting.current_step() is outer
+        with counting.step("inner") as inner:
+            assert counting.current_step() is inner
+        assert counting.current_step() is outer
+    assert counting.current_step() is None
+
+
 def test_strict_mode_raises_on_a_sync_inside_a_graph():
     x = torch.tensor([1.0], device="hpu")
     counting.strict(True)

@@ -196,6 +196,7 @@ class Switches:
     kda_scan: bool | None  # None: the kernel's default for the device (scan on HPU)
     decode_layer_group: int
     mhc_sinkhorn: str
+    moe_op: str  # "exact" (the port's loop, the clamp) or "fused" (vllm-gaudi's FP8 MoE op, no clamp)
 
 
 def field_name(name: str) -> str:

@@ -183,10 +183,14 @@ def test_switches_are_declared_once_in_port_yaml():
     assert {sw.field_name(n) for n in spec} == {f.name for f in fields(sw.Switches)}
     # No other file of the package names a default: the parser's output is port.yaml's.
     s = sw.read_switches({}, spec)
-    assert (s.vision, s.image_max_tokens, s.kda_scan, s.decode_layer_group, s.mhc_sinkhorn) == (True, 2048, None, 45, "kernel")
+    assert (s.vision, s.image_max_tokens, s.kda_scan, s.decode_layer_group, s.mhc_sinkhorn, s.moe_op) == (
+        True, 2048, None, 45, "kernel", "exact"
+    )
     assert {n: x.reference for n, x in spec.items() if x.reference is not None} == {
         "GLM5_NEXT_KDA_SCAN": False, "GLM5_NEXT_DECODE_LAYER_GROUP": 1, "GLM5_NEXT_MHC_SINKHORN": "torch",
+        "GLM5_NEXT_MOE_OP": "exact",
     }
+    assert sw.read_switches({"GLM5_NEXT_MOE_OP": "fused"}, spec).moe_op == "fused"
     assert sw.port_yaml() == PORT_DIR / "port.yaml"
 
 
@@ -217,6 +221,7 @@ def test_an_installed_plugin_finds_port_yaml_through_cookbook(tmp_path, monkeypa
 @pytest.mark.parametrize("name, value", [
     ("GLM5_NEXT_VISION", "maybe"), ("GLM5_NEXT_IMAGE_MAX_TOKENS", "0"), ("GLM5_NEXT_DECODE_LAYER_GROUP", "46"),
     ("GLM5_NEXT_MHC_SINKHORN", "tpc"), ("GLM5_NEXT_KDA_SCAN", "2"), ("GLM5_NEXT_VISION", "auto"),
+    ("GLM5_NEXT_MOE_OP", "fp8"),
 ])
 def test_bad_switch_values_stop_with_the_variable_named(name, value):
     from glm5_next_hpu.switches import SwitchError, read_switches

@@ -39,7 +39,8 @@ def _ops_of_first_layer(cfg, X, mask, switches) -> int:
 
 
 def _explicit(**changes) -> Switches:
-    base = dict(vision=True, image_max_tokens=2048, kda_scan=None, decode_layer_group=45, mhc_sinkhorn="torch")
+    base = dict(vision=True, image_max_tokens=2048, kda_scan=None, decode_layer_group=45, mhc_sinkhorn="torch",
+                moe_op="exact")
     return Switches(**{**base, **changes})
 
 

