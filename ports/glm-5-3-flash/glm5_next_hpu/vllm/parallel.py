@@ -269,20 +269,22 @@ class ParallelExperts(nn.Module):
                 p.weight_loader, p.glm5_weight_loader = loader, True
 
     def _w13(self, experts, dtype: torch.dtype) -> torch.Tensor:
-        """w13 of ``experts`` (an index or a slice) in ``dtype``: dequantized here when held in FP8 (once
-        vllm-gaudi's op holds them, by its own dequantization: per-channel or block, as prepared)."""
-        if self.moe_op is not None:
-            ids = range(self.count)[experts]
-            w = [self.moe_op.w13_list[e].get_dequant_weight().to(dtype) for e in ([ids] if isinstance(ids, int) else ids)]
-            return w[0] if isinstance(ids, int) else torch.stack(w)
+        """w13 of ``experts`` (an index or a slice) in ``dtype``: dequantized here when held in FP8."""
         if self.fp8_block is None:
             return self.w13_weight[experts]
-        return dequantize_blocks(self.w13_weight[experts], self.w13_weight_scale_inv[experts], self.fp8_block, dtype)
+        return self._dequantize(self.w13_weight[experts], self.w13_weight_scale_inv[experts], dtype)
 
     def _w2(self, experts, dtype: torch.dtype) -> torch.Tensor:
         if self.fp8_block is None:
             return self.w2_weight[experts]
-        return dequantize_blocks(self.w2_weight[experts], self.w2_weight_scale_inv[experts], self.fp8_block, dtype)
+        return self._dequantize(self.w2_weight[experts], self.w2_weight_scale_inv[experts], dtype)
+
+    def _dequantize(self, weight: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # Per output channel once vllm-gaudi's per-channel requantization (GLM5_NEXT_MOE_OP=fused, its
+        # default) replaced the block scales: a scale per row, one dim fewer than the weight.
+        if scale_inv.dim() == weight.dim() - 1:
+            return (weight.to(torch.float32) * scale_inv.unsqueeze(-1)).to(dtype)
+        return dequantize_blocks(weight, scale_inv, self.fp8_block, dtype)
 
     #: experts per batched matmul in the static form (bounds the [chunk, T, 2I] intermediate)
     STATIC_CHUNK = 8

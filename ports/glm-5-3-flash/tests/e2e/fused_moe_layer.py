@@ -203,10 +203,11 @@ def _run(t, out_path: str) -> None:
                         counting.strict(False)
                     layer_exact, layer_fused = exact(x), fused(x)
                     binding = exact.clamp_binding(x)
+                    fused_binding = fused.clamp_binding(x)  # on the weights the op holds (its dequantization)
                     fused_ids = fused.gate(x)[1]
                 case["outputs"][label] = dict(
                     exact=want.cpu(), unclamped=unclamped.cpu(), swapped=swapped.cpu(), fused=got.cpu(),
-                    layer_exact=layer_exact.cpu(), layer_fused=layer_fused.cpu(), binding=binding,
+                    layer_exact=layer_exact.cpu(), layer_fused=layer_fused.cpu(), binding=binding, fused_binding=fused_binding,
                     ids=ids.cpu(), fused_ids=fused_ids.cpu(), ops=dict(step.ops), marks=step.marks,
                     syncs=len(step.syncs),
                 )
