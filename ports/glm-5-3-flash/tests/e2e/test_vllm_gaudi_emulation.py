@@ -111,6 +111,13 @@ def test_served_by_vllm_gaudi_runner_equal_to_transformers(tree, ckpt, monkeypat
     assert per_layer["batched"] == result["batched"] and per_layer["alone"] == result["alone"]
     decode = [s for s in per_layer["steps"] if s["label"].startswith("decode")]
     assert decode and all(s["marks"] == n_layers for s in decode)
+    # Ops per layer: with a mark after each layer, segment i holds layer i's ops. Every decode step
+    # of one batch size records the same count per layer (static shapes; nothing data-dependent).
+    by_batch: dict[str, set] = {}
+    for s in decode:
+        by_batch.setdefault(s["label"], set()).add(tuple(s["segments"][:n_layers]))
+    print("decode ops per layer:", {k: sorted(v) for k, v in by_batch.items()})
+    assert all(len(v) == 1 for v in by_batch.values()), by_batch
 
 
 def test_chunked_prefill_and_async_scheduling_equal_to_transformers(tree, ckpt, monkeypatch):
