@@ -73,7 +73,7 @@ def test_the_seeds_launch_line_runs_verbatim_and_keeps_the_port(image):
     state = _verify(image)
     assert state["applied"]["port"] == PORT and state["applied"]["opt_in"] == ["glm47-streaming-text-markers"]
     fixes = [f["fix"] for f in state["fixes"]]
-    assert fixes[:4] == ["nope-mla-kpe-view", "synced-loader-return", "kda-cache-group", "decode-layer-group"]
+    assert fixes[:4] == ["nope-mla-kpe-view", "kda-cache-group", "decode-layer-group", "hybrid-mla-no-value-cache"]
     assert fixes[-1] == "glm47-streaming-text-markers"
     assert state["drift"] is False and all(f["status"] == "applied" for f in state["fixes"])
 

@@ -125,7 +125,7 @@ def test_installs_on_the_release_and_a_second_run_changes_nothing(cookbook, tree
     report = fixpack("verify", "--profile", PROFILE, "--root", str(tree), "--pack", str(cookbook), "--json")
     state = json.loads(report.stdout)
     applied = [f["fix"] for f in state["fixes"]]
-    assert applied[:4] == ["nope-mla-kpe-view", "synced-loader-return", "kda-cache-group", "decode-layer-group"]
+    assert applied[:4] == ["nope-mla-kpe-view", "kda-cache-group", "decode-layer-group", "hybrid-mla-no-value-cache"]
     assert all(f["status"] == "applied" for f in state["fixes"]) and state["drift"] is False
     assert state["applied"]["port"] == PORT
 

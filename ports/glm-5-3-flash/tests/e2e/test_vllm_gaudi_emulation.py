@@ -1,7 +1,8 @@
 """GLM-5.3-Flash served by vllm-gaudi v0.26.0's own HPUModelRunner on the Habana emulation.
 
-The tree is built as the seed's image is: the release sources, the port's patches and the v0.26.0
-profile applied (``apply_all.py --profile v0.26.0 --port glm-5-3-flash``); the port's plugin is
+The tree is built as the seed's image is: the release sources, the port's ``install.sh --root``
+(its patches and the v0.26.0 profile's defaults), then the seed's launch line
+(``fixes/apply_all.py --profile v0.26.0 glm47-streaming-text-markers``); the port's plugin is
 registered by entry point. The tiny e2e checkpoint is served in lazy mode with HPU graphs (the
 seed's mode) in bf16 (vllm-gaudi's platform turns float32 into bfloat16: platform.py,
 check_and_update_config) and compared with transformers 5.23.0 in bf16. Emulated results, not a
@@ -64,12 +65,26 @@ PLUGIN = "glm5_next_hpu=glm5_next_hpu:register"
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
+    """Made as the seed's image is: the release sources; the port's install.sh with --root (the
+    port's patches and the profile's defaults under them; the plugin itself is registered from the
+    port folder by the harness, hence --no-plugin); then the seed's launch line at container start,
+    `python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 glm47-streaming-text-markers`."""
+    dest = tmp_path_factory.mktemp("v0.26.0-glm") / "tree"
     try:
-        return trees.build(
-            tmp_path_factory.mktemp("v0.26.0-glm") / "tree", "v0.26.0", extra=["--port", "glm-5-3-flash"]
-        )
+        trees.build(dest, "v0.26.0", patched=False)
     except RuntimeError as exc:
-        pytest.skip(f"no v0.26.0 release tree with the port: {exc}")
+        pytest.skip(f"no v0.26.0 release tree: {exc}")
+    py = str(trees.fixpack_python())
+    env = dict(os.environ, COOKBOOK=str(REPO), PYTHON=py, GLM5_NEXT_MHC_SINKHORN="torch")
+    env.pop("PYTHONPATH", None)
+    install = subprocess.run(["bash", str(PORT / "install.sh"), "--root", str(dest), "--no-plugin"],
+                             capture_output=True, text=True, env=env, timeout=900)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    launch = subprocess.run([py, str(REPO / "fixes" / "apply_all.py"), "--profile", "v0.26.0",
+                             "glm47-streaming-text-markers", "--root", str(dest)],
+                            capture_output=True, text=True, env=env, timeout=900)
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    return dest
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +173,13 @@ def test_served_by_vllm_gaudi_runner_equal_to_transformers(tree, ckpt, monkeypat
     assert per_layer["batched"] == result["batched"] and per_layer["alone"] == result["alone"]
     decode = [s for s in per_layer["steps"] if s["label"].startswith("decode")]
     assert decode and all(s["marks"] == n_layers for s in decode)
+    # Ops per layer: with a mark after each layer, segment i holds layer i's ops. Every decode step
+    # of one batch size records the same count per layer (static shapes; nothing data-dependent).
+    by_batch: dict[str, set] = {}
+    for s in decode:
+        by_batch.setdefault(s["label"], set()).add(tuple(s["segments"][:n_layers]))
+    print("decode ops per layer:", {k: sorted(v) for k, v in by_batch.items()})
+    assert all(len(v) == 1 for v in by_batch.values()), by_batch
 
 
 def test_chunked_prefill_and_async_scheduling_equal_to_transformers(tree, ckpt, monkeypatch):
