@@ -22,9 +22,11 @@ weight preparation are imported and called, in the order and with the arguments 
   size, the fp32 block scales become per-channel ones), false keeps the block bytes and scales and
   the op dequantizes every local expert to bf16 on each call.
 * Forward (``ParallelExperts.forward_fused``; ``HPUFp8MoEMethod.apply_monolithic`` once the routing
-  is made): ``moe_op(x, ids as int64, weights in x's dtype, permuted_weights=True, activation="silu")``. The routing is GLM's
-  (the port's router), the experts_min/experts_max window is this rank's experts with expert
-  parallelism (``ep_rank * local_experts``, vllm-gaudi's), all of them otherwise.
+  is made): ``moe_op(x, ids as int64, weights in x's dtype, permuted_weights=True,
+  activation="silu")``. The routing is GLM's (the port's router), the experts_min/experts_max
+  window is this rank's experts with expert parallelism (``ep_rank * local_experts``,
+  vllm-gaudi's), all of them otherwise. No dispatch function: every rank already holds every
+  token (the port places experts over the TP group and refuses EP across data-parallel ranks).
 
 The op's weight layout is the port's: ``w13_weight[e]`` is [gate; up] (vLLM's FusedMoE loads
 gate_proj as ``w1`` into the first half, ``routed_experts.py`` ``_load_w13``), and the op applies
