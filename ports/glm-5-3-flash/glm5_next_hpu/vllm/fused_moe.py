@@ -108,7 +108,9 @@ def prepare(layer) -> None:
     force_channel = envs.VLLM_HPU_FORCE_CHANNEL_FP8
     op = hpu_ops.VllmMixtureOfExpertsOpFP8PerChannel if force_channel else hpu_ops.VllmMixtureOfExpertsOpFP8
     first = layer.start
-    layer.moe_op = op(layer.global_num_experts, layer.local_num_experts, first, first + layer.local_num_experts - 1, None)
+    layer.moe_op = op(
+        layer.global_num_experts, layer.local_num_experts, first, first + layer.local_num_experts - 1, None
+    )
     hpu_ops.fp8_block_moe_prepare_weights(layer, force_channel)
 
 

@@ -43,13 +43,13 @@ def _stream(t, seed: int = 0):
     from glm5_next_hpu.vllm.fp8 import quantize_block_fp8
 
     g = torch.Generator().manual_seed(seed)
-    E, D, I = t.n_routed_experts, t.hidden_size, t.moe_intermediate_size
+    E, D, inter = t.n_routed_experts, t.hidden_size, t.moe_intermediate_size
     p = f"{LAYERS}.1.mlp"
     dense = {f"{p}.gate.weight": torch.randn(E, D, generator=g) * 0.3}
     for e in range(E):
-        for proj, shape in (("gate_proj", (I, D)), ("up_proj", (I, D)), ("down_proj", (D, I))):
+        for proj, shape in (("gate_proj", (inter, D)), ("up_proj", (inter, D)), ("down_proj", (D, inter))):
             dense[f"{p}.experts.{e}.{proj}.weight"] = torch.randn(*shape, generator=g) / shape[1] ** 0.5
-    S = I * t.n_shared_experts
+    S = inter * t.n_shared_experts
     for proj, shape in (("gate_proj", (S, D)), ("up_proj", (S, D)), ("down_proj", (D, S))):
         dense[f"{p}.shared_experts.{proj}.weight"] = torch.randn(*shape, generator=g) / shape[1] ** 0.5
     stream = [(f"{p}.gate.e_score_correction_bias", torch.randn(E, generator=g) * 0.1)]
@@ -62,8 +62,8 @@ def _stream(t, seed: int = 0):
     return stream
 
 
-def _swap_gate_up(experts, run):
-    """``run()`` with the gate and up halves of every expert's w13 (and its block scales) swapped."""
+def _swap_gate_up(experts, run, *args):
+    """``run(*args)`` with the gate and up halves of every expert's w13 (and its block scales) swapped."""
     import torch
 
     def swap():
@@ -73,7 +73,7 @@ def _swap_gate_up(experts, run):
 
     swap()
     try:
-        return run()
+        return run(*args)
     finally:
         swap()
 
@@ -130,7 +130,6 @@ def main(spec: dict) -> None:
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
-
     from vllm.plugins import load_general_plugins
 
     import reference_harness as rh
@@ -140,7 +139,11 @@ def main(spec: dict) -> None:
     # What vLLM's FP8 linear method (the shared expert) reads at construction: the model dtype from
     # the current config, the TP group's size (one rank, gloo).
     vc = VllmConfig()
-    object.__setattr__(vc, "model_config", SimpleNamespace(dtype=torch.bfloat16, quantization="fp8", is_moe=True, is_mm_prefix_lm=False))
+    object.__setattr__(
+        vc,
+        "model_config",
+        SimpleNamespace(dtype=torch.bfloat16, quantization="fp8", is_moe=True, is_mm_prefix_lm=False),
+    )
     with set_current_vllm_config(vc):
         ps.init_distributed_environment(1, 0, f"tcp://127.0.0.1:{_free_port()}", 0, "gloo")
         ps.initialize_model_parallel(1, 1)
@@ -154,7 +157,9 @@ def _run(t, out_path: str) -> None:
 
     from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
 
-    qc = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)})
+    qc = Fp8Config.from_config(
+        {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
+    )
     fp8 = BlockFp8Spec.from_quantization_config({"quant_method": "fp8", "weight_block_size": list(BLOCK)})
     stream = _stream(t)
     g = torch.Generator().manual_seed(1)
@@ -184,7 +189,9 @@ def _run(t, out_path: str) -> None:
             )
             if not force:  # block bytes kept: vllm-gaudi's Gaudi 2 load wrapper halved them, doubled the scales
                 case["scale_ratio"] = (fu.w13_weight_scale_inv / ex.w13_weight_scale_inv).unique().cpu().tolist()
-                case["byte_ratio"] = (ex.w13_weight.float() / fu.w13_weight.float())[ex.w13_weight.float().abs() >= 2**-5]
+                case["byte_ratio"] = (ex.w13_weight.float() / fu.w13_weight.float())[
+                    ex.w13_weight.float().abs() >= 2**-5
+                ]
                 case["byte_ratio"] = case["byte_ratio"].unique().cpu().tolist()
             for label, scale in SCALES.items():
                 x = (x0 * scale).to(torch.bfloat16).to("hpu")
@@ -193,7 +200,7 @@ def _run(t, out_path: str) -> None:
                     want = ex.forward_static(x, weights, ids)
                     ex.limit = float("inf")
                     unclamped = ex.forward_static(x, weights, ids)
-                    swapped = _swap_gate_up(ex, lambda: ex.forward_static(x, weights, ids))  # the other layout
+                    swapped = _swap_gate_up(ex, ex.forward_static, x, weights, ids)  # the other layout
                     ex.limit = t.swiglu_limit
                     counting.strict(True)  # a host sync inside the region raises
                     try:
@@ -206,9 +213,18 @@ def _run(t, out_path: str) -> None:
                     fused_binding = fused.clamp_binding(x)  # on the weights the op holds (its dequantization)
                     fused_ids = fused.gate(x)[1]
                 case["outputs"][label] = dict(
-                    exact=want.cpu(), unclamped=unclamped.cpu(), swapped=swapped.cpu(), fused=got.cpu(),
-                    layer_exact=layer_exact.cpu(), layer_fused=layer_fused.cpu(), binding=binding, fused_binding=fused_binding,
-                    ids=ids.cpu(), fused_ids=fused_ids.cpu(), ops=dict(step.ops), marks=step.marks,
+                    exact=want.cpu(),
+                    unclamped=unclamped.cpu(),
+                    swapped=swapped.cpu(),
+                    fused=got.cpu(),
+                    layer_exact=layer_exact.cpu(),
+                    layer_fused=layer_fused.cpu(),
+                    binding=binding,
+                    fused_binding=fused_binding,
+                    ids=ids.cpu(),
+                    fused_ids=fused_ids.cpu(),
+                    ops=dict(step.ops),
+                    marks=step.marks,
                     syncs=len(step.syncs),
                 )
             out["cases"][(force, name)] = case
