@@ -187,6 +187,9 @@ class GlmMoeMxfp4(torch.nn.Module):
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r}: glm_moe_dsa uses silu")
         self.gate_weight, self.bias, self.experts, self.shared = gate_weight, bias, experts, dict(shared)
+        # called with each forward's expert ids [T, K]: the placement fitter counts the routing
+        # the forward itself computes (glm5_hpu/placement_fit.py), not a second copy of it
+        self.on_route: Callable[[torch.Tensor], None] | None = None
 
     @classmethod
     def from_checkpoint(cls, config, get, layer: int, experts: Sequence[int] | None = None) -> GlmMoeMxfp4:
@@ -203,6 +206,8 @@ class GlmMoeMxfp4(torch.nn.Module):
         shape = hidden.shape
         x = hidden.reshape(-1, shape[-1])
         weights, ids = route(x, self.gate_weight, self.bias, **self.cfg)
+        if self.on_route is not None:
+            self.on_route(ids)
         routed = self.experts.forward(x, ids, weights)
         s = self.shared
         shared = F.linear(F.silu(F.linear(x, s["gate_proj"])) * F.linear(x, s["up_proj"]), s["down_proj"])

@@ -3,7 +3,8 @@
 A placement is, per MoE layer, a permutation of the routed experts: the order in which the
 layer stores them. With expert parallelism the stored order is cut into equal consecutive
 groups, one per expert group of cards, so a placement decides which experts share a card; one
-fitted to the model's routing spreads the busiest experts over the cards. It changes storage
+fitted to the model's routing (``python -m glm5_hpu.placement_fit``) spreads the busiest experts
+over the cards. It changes storage
 only: the router still names logical experts, and each token's expert outputs are combined in
 logical order (glm5_hpu/moe_mxfp4.py), so any valid permutation gives the same output. A file
 fitted to another model is slower, never wrong; a file that is not a permutation is refused.

@@ -35,6 +35,7 @@ MAX_MEMORY = 0.86
 SOFTMAX_VAR = "VLLM_HPU_FSDPA_SOFTMAX_MODE"
 SOFTMAX_VALUE = "None"
 PLACEMENT_FILE = "glm53-ep4-placement.json"
+FITTER = "glm5_hpu.placement_fit"  # the command that fits PLACEMENT_FILE to the model's routing
 INDEX = "model.safetensors.index.json"
 # quant_method values of FP8 builds (the FP8 release, compressed-tensors and other FP8 exports)
 FP8_METHODS = ("fp8", "fbgemm_fp8", "compressed-tensors", "modelopt", "ptpc_fp8", "fp_quant")
@@ -206,9 +207,13 @@ def missing_file_note(rel: str) -> str | None:
                 "are stored in, so the busiest experts spread over the 4 expert groups (format "
                 "glm5-moe-placement/1, glm5_hpu/placement.py). Fitting it needs the real model's routing "
                 "statistics (which experts each token picks, per MoE layer, over a serving workload), which "
-                "only running the 744B checkpoint gives; neither is here, so it cannot be produced in this "
-                "repository. No command produces it yet: there is no placement fitter. Until there is, "
-                "leave GLM_MOE_PLACEMENT unset to serve the checkpoint's order (slower, same output)")
+                "only running the 744B checkpoint gives. The command that makes it: PYTHONPATH=ports/glm-5-mxfp4 "
+                f"python -m {FITTER} $CHECKPOINT_DIR --prompts PROMPTS.jsonl --cards 8 --moe-tp 2 --out {rel} "
+                "($CHECKPOINT_DIR: the converted MXFP4 checkpoint; PROMPTS.jsonl: a prompt set like the served "
+                "traffic, per line a list of token ids or a string; it runs the model on CPU one layer at a "
+                "time). Neither the checkpoint nor such a prompt set is here, so it cannot be produced in this "
+                "repository. Until it exists, leave GLM_MOE_PLACEMENT unset to serve the checkpoint's order "
+                "(slower, same output)")
     if name == BUCKET_FILE:
         return ("it is the VLLM_BUCKETING_FROM_FILE bucket file; make it with PYTHONPATH=ports/glm-5-mxfp4 "
                 f"python -m glm5_hpu.buckets --tree VLLM_GAUDI_TREE write {rel}")

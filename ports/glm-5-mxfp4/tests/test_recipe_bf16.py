@@ -115,16 +115,23 @@ def test_check_validates_every_fix_profile_switch_and_rule_and_names_the_missing
 
 def test_check_says_why_the_placement_file_is_missing(capsys):
     """Still an error (the launch names the file), with what it is, why it cannot be made here and
-    that no command makes it yet; the bucket file's note names the command that makes it."""
+    the command that makes it (which its own parser accepts, writing the file the recipe names);
+    the bucket file's note names the command that makes it."""
+    from glm5_hpu import placement_fit
+
     from fixpack.main import main
 
-    detail = _check()["path ports/glm-5-mxfp4/serving/glm53-ep4-placement.json"]["detail"]
+    rel = "ports/glm-5-mxfp4/serving/glm53-ep4-placement.json"
+    detail = _check()[f"path {rel}"]["detail"]
+    command = f"python -m glm5_hpu.placement_fit $CHECKPOINT_DIR --prompts PROMPTS.jsonl --cards 8 --moe-tp 2 --out {rel}"
     for words in ["which does not exist in", "the GLM_MOE_PLACEMENT file fitted to zai-org/GLM-5.3-BF16",
                   "needs the real model's routing statistics", "cannot be produced in this repository",
-                  "No command produces it yet: there is no placement fitter", "leave GLM_MOE_PLACEMENT unset"]:
+                  command, "the converted MXFP4 checkpoint", "leave GLM_MOE_PLACEMENT unset"]:
         assert words in detail, detail
+    args = placement_fit.parser().parse_args(command.split()[3:])
+    assert (args.checkpoint, args.prompts, args.cards, args.moe_tp, args.out) == ("$CHECKPOINT_DIR", "PROMPTS.jsonl", 8, 2, rel)
     assert main(["recipe", "check", "--recipe", str(RECIPE), "--pack", str(REPO)]) == 2
-    assert "there is no placement fitter" in capsys.readouterr().err
+    assert "python -m glm5_hpu.placement_fit" in capsys.readouterr().err
     assert "python -m glm5_hpu.buckets --tree VLLM_GAUDI_TREE write" in rules.missing_file_note(
         "ports/glm-5-mxfp4/serving/tp8-seqs4-128k.txt")
     assert rules.missing_file_note("ports/glm-5-mxfp4/serving/other.json") is None
