@@ -203,14 +203,22 @@ def test_prefix_caching_is_refused_through_vllm_gaudi_runner(tree, ckpt, monkeyp
     """The KDA layers keep one recurrent state per sequence, not per KV block: with prefix caching
     on, the engine must stop at start-up with the port's reason, before any request is served."""
     path, _ = ckpt
+    stderr = _refused_at_start(tree, path, monkeypatch, prefix_caching=True)
+    assert "prefix caching is not supported" in stderr, stderr[-4000:]
+
+
+def _refused_at_start(tree, path, monkeypatch, prefix_caching=False, **switches) -> str:
+    """Start the engine on the runner with these switches; it must stop before serving. Its stderr."""
     monkeypatch.setenv("GLM5_NEXT_MHC_SINKHORN", "torch")
+    for name, value in switches.items():
+        monkeypatch.setenv(name, str(value))
     args = ["--tree", str(tree), "--model", str(path), "--prompts", json.dumps(ck.prompt_ids(1)), "--lazy"]
     args += ["--max-tokens", "2", "--plugin", PLUGIN, "--path", str(PORT)]
-    for item in ("dtype=bfloat16", "mamba_ssm_cache_dtype=float32", "enable_prefix_caching=true"):
+    for item in ("dtype=bfloat16", "mamba_ssm_cache_dtype=float32", f"enable_prefix_caching={str(prefix_caching).lower()}"):
         args += ["--engine-arg", item]
     proc, result = generate.run(args)
     assert result is None and proc.returncode != 0
-    assert "prefix caching is not supported" in proc.stderr, proc.stderr[-4000:]
+    return proc.stderr
 
 
 def test_block_fp8_checkpoint_experts_fp8_at_rest(tree, ckpt, tmp_path_factory, monkeypatch):
@@ -487,15 +495,8 @@ def test_fused_moe_op_is_refused_for_an_unquantized_checkpoint_through_vllm_gaud
     """On vllm-gaudi's platform, GLM5_NEXT_MOE_OP=fused with the BF16 checkpoint (no FP8 experts to
     hand the op) stops the engine at model construction, naming the switch and the reason."""
     path, _ = ckpt
-    monkeypatch.setenv("GLM5_NEXT_MHC_SINKHORN", "torch")
-    monkeypatch.setenv("GLM5_NEXT_MOE_OP", "fused")
-    args = ["--tree", str(tree), "--model", str(path), "--prompts", json.dumps(ck.prompt_ids(1)), "--lazy"]
-    args += ["--max-tokens", "2", "--plugin", PLUGIN, "--path", str(PORT)]
-    for item in ("dtype=bfloat16", "mamba_ssm_cache_dtype=float32", "enable_prefix_caching=false"):
-        args += ["--engine-arg", item]
-    proc, result = generate.run(args)
-    assert result is None and proc.returncode != 0
-    assert "GLM5_NEXT_MOE_OP=fused: the checkpoint is not quantized" in proc.stderr, proc.stderr[-4000:]
+    stderr = _refused_at_start(tree, path, monkeypatch, GLM5_NEXT_MOE_OP="fused")
+    assert "GLM5_NEXT_MOE_OP=fused: the checkpoint is not quantized" in stderr, stderr[-4000:]
 
 
 def _parting(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
