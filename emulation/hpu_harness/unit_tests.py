@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpu_harness import runtime
+from hpu_harness import trees as tree_builder
 
 REPO = runtime.EMULATION_ROOT.parent
 SUITE = "tests/unit_tests"
@@ -171,22 +172,11 @@ def build_trees(info: dict, work: Path, fixpack_python: str) -> dict[str, Path]:
         apply.append("--development-base")
     _run(apply, f"apply_all.py --profile {profile}")
     if info["imports_with"]:
-        got = subprocess.run(
-            [
-                fixpack_python,
-                "-c",
-                f"from fixpack import sources; print(sources.wheel_tree('vllm', {info['imports_with']!r}, 'vllm'))",
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
-        if got.returncode != 0:
-            raise SetupError(f"vLLM {info['imports_with']} is not in the source cache: {got.stderr[-500:]}")
-        companion = Path(got.stdout.strip().splitlines()[-1]) / "vllm"
-        for tree in trees.values():
-            shutil.rmtree(tree / "vllm")
-            shutil.copytree(companion, tree / "vllm")
+        try:
+            for tree in trees.values():
+                tree_builder.use_companion_vllm(tree, info["imports_with"], fixpack_python)
+        except RuntimeError as exc:
+            raise SetupError(str(exc)) from None
     return trees
 
 

@@ -38,6 +38,7 @@ from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
 from . import placement as port_placement
 from .dsa import SEED_THRESHOLD
 from .moe_mxfp4 import MxfpExperts
+from .router_config import ROUTER_DEFAULTS
 from .switches import SwitchError, read_switches
 
 logger = logging.getLogger(__name__)
@@ -46,11 +47,6 @@ logger = logging.getLogger(__name__)
 CONVERTER = "glm5_mxfp4"
 #: config attributes whose presence makes vLLM build the DSA indexer and sparse MLA
 SPARSE_ATTRS = ("index_topk",)
-#: glm_moe_dsa's router as transformers 5.23.0 runs it (sigmoid scores, e_score_correction_bias).
-#: vLLM's DeepseekV2MoE reads these DeepSeek-V3 keys, defaulting to softmax and no bias, and
-#: transformers' GlmMoeDsaConfig has neither: a config.json without them would be routed wrongly
-#: (or fail to load the bias), so the view fills them where absent.
-ROUTER_DEFAULTS = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
 
 
 # ------------------------------------------------------------------ dense attention (no indexer)

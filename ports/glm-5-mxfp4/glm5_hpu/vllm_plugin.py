@@ -14,7 +14,11 @@ draft ``DeepseekV32MTPModel``, generic implementation off CUDA); what it lacks i
   backend) and dense attention without the DSA indexer (vLLM's CPU platform refuses sparse
   attention). Both model classes are vLLM's own, subclassed. And the greedy rejection of
   speculative decoding in torch (vLLM's is a Triton kernel, which its CPU build cannot run).
-* on HPU: nothing yet (the port's patches go into the image; the HPU model is not built).
+* on HPU (vllm-gaudi's platform): vLLM's model with the router keys transformers' config lacks
+  and the launch's switches checked (glm5_hpu/vllm_hpu.py); attention is vllm-gaudi's MLA backend
+  and the MXFP4 experts go through vllm-gaudi's MXFP4 MoE op with the port's patches. Built and
+  run on the profile's development base (vllm-gaudi main 091bbad with vLLM 0.27.0, whose MTP
+  draft class is ``DeepSeekMTP``), on the Habana emulation only.
 
 Classes are registered lazily (``"module:Class"``): nothing of the model is imported here.
 """
@@ -31,14 +35,29 @@ CPU_ARCHITECTURES: dict[str, str] = {
     "DeepseekV32MTPModel": "glm5_hpu.vllm_cpu:GlmMoeDsaCpuMTP",
 }
 
+#: architecture name -> lazy class path, registered on vllm-gaudi's platform (device type "hpu")
+HPU_ARCHITECTURES: dict[str, str] = {
+    "GlmMoeDsaForCausalLM": "glm5_hpu.vllm_hpu:GlmMoeDsaHpuForCausalLM",
+    "DeepSeekMTPModel": "glm5_hpu.vllm_hpu:GlmMoeDsaHpuMTP",
+}
+
 _registered = False
 
 
 def register() -> None:
-    """Register the port's CPU pieces with vLLM when the platform is CPU. Safe to call again."""
+    """Register the port's pieces for the current platform (CPU or HPU). Safe to call again."""
     global _registered
     from vllm.platforms import current_platform
 
+    if getattr(current_platform, "device_type", None) == "hpu":
+        from vllm import ModelRegistry
+
+        for arch, target in HPU_ARCHITECTURES.items():
+            ModelRegistry.register_model(arch, target)
+        if not _registered:
+            logger.info("glm5_hpu: registered the HPU model for %s", ", ".join(HPU_ARCHITECTURES))
+        _registered = True
+        return
     if not current_platform.is_cpu():
         return
     from vllm import ModelRegistry

@@ -1,0 +1,57 @@
+"""Which of the port's switches vllm-gaudi's runner can serve as asked (no vLLM import: the
+check is tested without vLLM, and glm5_hpu/vllm_hpu.py runs it at engine start-up).
+
+What the switches mean on this platform (port.yaml has the full meaning):
+
+* ``GLM_DSA_SPARSE=1``: exact while a query sees at most 32,768 keys (dense MLA is the model's
+  attention there); a ``--max-model-len`` above that is refused, since vllm-gaudi's MLA path has no
+  top-k yet. ``0``: dense MLA at every length, as vllm-gaudi serves DSA.
+* ``GLM_MXK`` / ``GLM_MXK_PREFILL``: ``0`` = vllm-gaudi's stock MXFP4 MoE op; ``1`` (and auto,
+  which means the kernels on HPU) = the GLM kernels, whose dispatch is not built: refused.
+* ``GLM_MOE_TP`` > 1, ``GLM_MOE_PLACEMENT``: not built on HPU: refused.
+* ``GLM_ROUTER_FAST=1``: vllm-gaudi's own routing (grouped top-k with the correction bias, on the
+  device; the emulation counts no host synchronisation inside a decode step). ``0`` (the CPU
+  reference routing) is not wired on HPU: refused.
+* ``GLM_EARLY_DRAFT=1`` / ``GLM_SPEC_DEVICE_REJECT=1``: not built; refused when speculative
+  decoding is on (they mean nothing without it).
+"""
+
+from __future__ import annotations
+
+from .dsa import SEED_THRESHOLD
+from .switches import Switches, resolve_auto
+
+
+def hpu_not_built(switches: Switches, *, max_model_len: int, speculative: bool) -> list[str]:
+    """Each switch whose requested path vllm-gaudi's runner does not have with this port, as
+    ``"GLM_X=v: why; set ..."``; empty when the launch can be served as asked."""
+    problems = []
+    if switches.dsa_sparse and max_model_len > SEED_THRESHOLD:
+        problems.append(
+            f"GLM_DSA_SPARSE=1 with --max-model-len {max_model_len}: vllm-gaudi's MLA path runs DSA layers as "
+            f"dense attention, the model's own only up to {SEED_THRESHOLD} keys; the top-k above that is not "
+            f"built on HPU. Use --max-model-len <= {SEED_THRESHOLD}, or GLM_DSA_SPARSE=0 for dense attention at "
+            "every length")
+    for name, value in (("GLM_MXK", switches.mxk), ("GLM_MXK_PREFILL", switches.mxk_prefill)):
+        if resolve_auto(value, on_hpu=True):
+            shown = "auto (the kernels on HPU)" if value is None else "1"
+            problems.append(
+                f"{name}={shown}: the GLM MXFP4 MoE kernels are not dispatched by glm5_hpu on HPU yet; "
+                f"set {name}=0 for vllm-gaudi's stock MXFP4 MoE op")
+    if switches.moe_tp != 1:
+        problems.append(
+            f"GLM_MOE_TP={switches.moe_tp}: the expert-group x tensor-parallel layout is not built on HPU; "
+            "set GLM_MOE_TP=1 (plain expert parallelism)")
+    if switches.moe_placement is not None:
+        problems.append(
+            f"GLM_MOE_PLACEMENT={switches.moe_placement}: the placement hook is not built on HPU; unset it")
+    if not switches.router_fast:
+        problems.append(
+            "GLM_ROUTER_FAST=0: the reference routing is the CPU path's; on HPU the router is vllm-gaudi's "
+            "(on the device): set GLM_ROUTER_FAST=1")
+    if speculative:
+        for name, on in (("GLM_EARLY_DRAFT", switches.early_draft),
+                         ("GLM_SPEC_DEVICE_REJECT", switches.spec_device_reject)):
+            if on:
+                problems.append(f"{name}=1: not built on HPU; set {name}=0 (vLLM's own drafting and rejection)")
+    return problems

