@@ -262,55 +262,37 @@ def write_readme(path: Path, block: str, title: str) -> str:
 
 # --------------------------------------------------------------------------- checking
 def switch_problem(port, name: str, value: str) -> str | None:
-    """Why ``value`` is not valid for switch ``name`` of ``port``, or None.
+    """Why ``value`` is not valid for switch ``name`` of ``port``, or None: fixpack's one switch
+    parser (fixpack/switches.py), the one the port's plugin reads its switches with, so a recipe
+    cannot hold a value the plugin would read differently or refuse."""
+    from fixpack.ports import switch_problem as problem
 
-    The port's own parser decides: ``<port>/<plugin package>/switches.py``, the module its
-    plugin reads the switches with, so a recipe cannot hold a value the plugin would read
-    differently or refuse."""
-    import importlib.util
-    import sys
-
-    package = (port.data.get("plugin") or {}).get("package") or ""
-    path = port.dir / package / "switches.py"
-    if not package or not path.is_file():
-        return f"port {port.name} declares switches but has no switch parser at {path}"
-    module = f"_fixpack_switches_{package}"
-    spec = importlib.util.spec_from_file_location(module, path)
-    if spec is None or spec.loader is None:
-        return f"port {port.name}: cannot load its switch parser {path}"
-    parser = sys.modules[module] = importlib.util.module_from_spec(spec)  # dataclasses look the module up
-    spec.loader.exec_module(parser)
-    return parser.recipe_value_problem(name, port.data["switches"][name], value, where=str(port.dir / "port.yaml"))
+    return problem(port, name, value)
 
 
 def _port_rules(port):
-    """(the port's serving_rules module or None, why it did not load or None)."""
-    import importlib.util
+    """(the port's ``hooks.recipe_rules`` module or None, why it did not load or None)."""
+    from fixpack.ports import hook
 
-    package = ((port.data.get("plugin") or {}).get("package") or "") if port is not None else ""
-    path = port.dir / package / "serving_rules.py" if package else None
-    if path is None or not path.is_file():
+    if port is None:
         return None, None
-    spec = importlib.util.spec_from_file_location(f"_fixpack_rules_{package}", path)
-    if spec is None or spec.loader is None:
-        return None, f"cannot load {path}"
-    rules = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rules)
-    return rules, None
+    try:
+        return hook(port, "recipe_rules"), None
+    except ConfigError as exc:
+        return None, str(exc)
 
 
 def missing_path_note(port, rel: str) -> str | None:
     """The port's own words on a serving file the recipe names and the repository lacks
-    (``serving_rules.missing_file_note(rel)``, optional): what the file is and how it is made,
-    or why it cannot be made here. The path stays an error; the note only says why."""
+    (``missing_file_note(rel)`` of its ``hooks.recipe_rules``): what the file is and how it is
+    made, or why it cannot be made here. The path stays an error; the note only says why."""
     rules, _ = _port_rules(port)
-    note = getattr(rules, "missing_file_note", None)
-    return note(rel) if note is not None else None
+    return rules.missing_file_note(rel) if rules is not None else None
 
 
 def port_rule_records(port, data: dict) -> list[dict]:
-    """The port's own serving rules (``<port>/<plugin package>/serving_rules.py``, optional):
-    its ``recipe_problems(data)`` gives (rule, problem or None) for each rule the recipe can break
+    """The port's own serving rules (port.yaml ``hooks.recipe_rules``, optional): its
+    ``recipe_problems(data)`` gives (rule, problem or None) for each rule the recipe can break
     (the glm-5-mxfp4 port: expert parallel for MXFP4 experts, the softmax mode, the memory cap)."""
     rules, problem = _port_rules(port)
     if problem:
@@ -321,18 +303,6 @@ def port_rule_records(port, data: dict) -> list[dict]:
         {"item": item, "result": "error" if problem else "ok", "detail": problem or f"{port.name} serving rule"}
         for item, problem in rules.recipe_problems(data)
     ]
-
-
-def switch_prefix(names: list[str]) -> str | None:
-    """The switches' common prefix up to its last '_' (GLM5_NEXT_ for the GLM-5.3-Flash port)."""
-    if not names:
-        return None
-    common = names[0]
-    for n in names[1:]:
-        while not n.startswith(common):
-            common = common[:-1]
-    cut = common.rfind("_") if len(names) > 1 else names[0].rfind("_")
-    return common[: cut + 1] if cut > 0 else None
 
 
 def check_recipe(recipe: Recipe, pack) -> list[dict]:
@@ -403,7 +373,7 @@ def check_recipe(recipe: Recipe, pack) -> list[dict]:
             bad("selection", str(exc))
 
     declared = (port.data.get("switches") or {}) if port is not None else {}
-    prefix = switch_prefix(list(declared))
+    prefix = port.data.get("switch_prefix") if port is not None else None
     for name, value in d.get("switches", {}).items():
         item = f"switch {name}"
         if port is None:
@@ -423,7 +393,7 @@ def check_recipe(recipe: Recipe, pack) -> list[dict]:
                     f"{value} (default {declared[name].get('default') if isinstance(declared[name], dict) else declared[name]})",
                 )
     for name in d["env"]:
-        if port is not None and (name in declared or (prefix and name.startswith(prefix))):
+        if port is not None and (name in declared or (isinstance(prefix, str) and prefix and name.startswith(prefix))):
             bad(
                 f"env {name}",
                 f"env.{name} looks like a switch of port {port.name}; list it under 'switches' so it is checked",

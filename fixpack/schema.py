@@ -75,8 +75,10 @@ PORT_SCHEMA = {
     "patches": ((list,), True, "ordered source patches (fix ids under the port's fixes/)"),
     "plugin": ((dict,), True, "the plugin package"),
     "kernel": ((dict,), False, "the TPC kernel build"),
-    "gates": ((dict,), False, "device gates"),
-    "switches": ((dict,), False, "environment switches and their defaults"),
+    "gates": ((dict,), False, "device gates, run by fixpack's gate runner (fixpack/gates/)"),
+    "switch_prefix": ((str,), False, "the start every switch name shares (GLM_), with switches"),
+    "switches": ((dict,), False, "environment switches, parsed by fixpack/switches.py"),
+    "hooks": ((dict,), False, "hook: package.module fixpack calls (fixpack/ports.py HOOKS)"),
 }
 
 

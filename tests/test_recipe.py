@@ -63,11 +63,11 @@ vllm serve zai-org/GLM-5.3-Flash \\
 """
 
 SWITCHES = {
-    "GLM5_NEXT_VISION": {"default": 1, "type": "bool"},
-    "GLM5_NEXT_IMAGE_MAX_TOKENS": {"default": 2048, "type": "int", "min": 1},
-    "GLM5_NEXT_KDA_SCAN": {"default": 1},
-    "GLM5_NEXT_DECODE_LAYER_GROUP": {"default": 45, "min": 1, "max": 45},
-    "GLM5_NEXT_MHC_SINKHORN": {"default": "kernel", "choices": ["kernel", "torch"]},
+    "GLM5_NEXT_VISION": {"default": 1, "type": "bool", "reference": 1, "meaning": "m"},
+    "GLM5_NEXT_IMAGE_MAX_TOKENS": {"default": 2048, "type": "int", "min": 1, "reference": 2048, "meaning": "m"},
+    "GLM5_NEXT_KDA_SCAN": {"default": "auto", "type": "bool", "reference": 0, "meaning": "m"},
+    "GLM5_NEXT_DECODE_LAYER_GROUP": {"default": 45, "type": "int", "min": 1, "max": 45, "reference": 1, "meaning": "m"},
+    "GLM5_NEXT_MHC_SINKHORN": {"default": "kernel", "type": "enum", "choices": ["kernel", "torch"], "reference": "torch", "meaning": "m"},
 }
 
 
@@ -100,11 +100,13 @@ def pack(tmp_path):
     port = root / "ports" / "glm-5-3-flash"
     port.mkdir(parents=True)
     (port / "port.yaml").write_text(
-        yaml.safe_dump({"name": "glm-5-3-flash", "profile": "v0.26.0", "patches": [], "plugin": {"package": "glm5_next_hpu"}, "switches": SWITCHES}, sort_keys=False)
+        yaml.safe_dump(
+            {"name": "glm-5-3-flash", "profile": "v0.26.0", "patches": [], "plugin": {"package": "glm5_next_hpu"},
+             "switch_prefix": "GLM5_NEXT_", "switches": SWITCHES},
+            sort_keys=False,
+        )
     )
-    # the recipe check reads switch values through the port's own parser, beside its port.yaml
-    (port / "glm5_next_hpu").mkdir()
-    shutil.copy(REPO / "ports" / "glm-5-3-flash" / "glm5_next_hpu" / "switches.py", port / "glm5_next_hpu")
+    # no port code: the recipe check reads switch values with fixpack's one parser (fixpack/switches.py)
     (root / TEMPLATE_REL).parent.mkdir(parents=True)
     shutil.copy(TEMPLATE, root / TEMPLATE_REL)
     recipe = root / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
@@ -245,8 +247,10 @@ BAD = {
     "switch value not a choice": (_set("switches", "GLM5_NEXT_MHC_SINKHORN", value="cuda"), "switch GLM5_NEXT_MHC_SINKHORN=cuda: 'cuda' is not one of kernel, torch"),
     "switch value not an integer": (_set("switches", "GLM5_NEXT_DECODE_LAYER_GROUP", value="all"), "switch GLM5_NEXT_DECODE_LAYER_GROUP=all: 'all' is not an integer"),
     "switch value above its maximum": (_set("switches", "GLM5_NEXT_DECODE_LAYER_GROUP", value="46"), "switch GLM5_NEXT_DECODE_LAYER_GROUP=46: 46 is above the maximum 45"),
-    "switch value not 0 or 1": (_set("switches", "GLM5_NEXT_VISION", value="yes"), "switch GLM5_NEXT_VISION=yes: 'yes' is not 0 or 1"),
-    "switch value by the default's type": (_set("switches", "GLM5_NEXT_KDA_SCAN", value="on"), "switch GLM5_NEXT_KDA_SCAN=on: 'on' is not an integer"),
+    "switch value not a boolean": (_set("switches", "GLM5_NEXT_VISION", value="2"), "switch GLM5_NEXT_VISION=2: '2' is not a boolean (accepted: 1/0, true/false, yes/no, on/off in any case)"),
+    "switch value not 0 or 1": (_set("switches", "GLM5_NEXT_VISION", value="yes"), "switch GLM5_NEXT_VISION=yes: 'yes': a recipe writes '1'"),
+    "switch value spelled another way": (_set("switches", "GLM5_NEXT_KDA_SCAN", value="on"), "switch GLM5_NEXT_KDA_SCAN=on: 'on': a recipe writes '1'"),
+    "auto where the default is not auto": (_set("switches", "GLM5_NEXT_VISION", value="auto"), "switch GLM5_NEXT_VISION=auto: 'auto' is not a boolean"),
     "port switch hidden in env": (_set("env", "GLM5_NEXT_EXTRA", value="1"), "env.GLM5_NEXT_EXTRA looks like a switch of port glm-5-3-flash"),
     "missing chat template": (_set("serve", "args", 16, value={"--chat-template": "$COOKBOOK/ports/glm-5-3-flash/serving/nope.jinja"}), "serve.args --chat-template names $COOKBOOK/ports/glm-5-3-flash/serving/nope.jinja, which does not exist"),
 }
@@ -283,6 +287,99 @@ def test_check_json_lists_every_item(pack, capsys):
     data = json.loads(capsys.readouterr().out)
     bad = [i["item"] for i in data["items"] if i["result"] == "error"]
     assert bad == ["switch GLM5_NEXT_VISION"] and data["errors"] == 1
+
+
+# --------------------------------------------------------------------------- the port contract
+def _edit_port(root: Path, change) -> Path:
+    path = root / "ports" / "glm-5-3-flash" / "port.yaml"
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+PORT_BAD = {
+    "switch without a type": (
+        lambda d: d["switches"]["GLM5_NEXT_MHC_SINKHORN"].pop("type"),
+        "switches.GLM5_NEXT_MHC_SINKHORN: missing key 'type'",
+    ),
+    "switch without a reference": (
+        lambda d: d["switches"]["GLM5_NEXT_VISION"].pop("reference"),
+        "switches.GLM5_NEXT_VISION: missing key 'reference'",
+    ),
+    "enum default not a choice": (
+        lambda d: d["switches"]["GLM5_NEXT_MHC_SINKHORN"].update(default="tpc"),
+        "switches.GLM5_NEXT_MHC_SINKHORN: default 'tpc': 'tpc' is not one of kernel, torch",
+    ),
+    "switch outside the prefix": (
+        lambda d: d.update(switch_prefix="GLM_"),
+        "switches.GLM5_NEXT_VISION: a switch name is upper case (A-Z, 0-9, _) and starts with GLM_",
+    ),
+    "no switch prefix": (lambda d: d.pop("switch_prefix"), "switch_prefix None: upper-case words ending in '_'"),
+}
+
+
+@pytest.mark.parametrize("case", list(PORT_BAD))
+def test_check_names_the_port_yaml_and_the_switch_of_a_bad_declaration(pack, capsys, case):
+    change, message = PORT_BAD[case]
+    port_yaml = _edit_port(pack, change)
+    assert run(pack, "check") == 2
+    err = capsys.readouterr().err
+    assert f"{port_yaml}: {message}" in err
+
+
+def _rules_package(root: Path, name: str, body: str) -> None:
+    pkg = root / "ports" / "glm-5-3-flash" / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "serving_rules.py").write_text(body)
+
+
+RULES = """
+def recipe_problems(data):
+    return [("tp-eight", None if "--tensor-parallel-size" in str(data["serve"]) else "no TP"), ("always-wrong", "refused by the port")]
+
+
+def missing_file_note(rel):
+    return None
+"""
+
+
+def test_port_rules_run_only_through_the_hook_port_yaml_declares(pack, capsys):
+    """A serving_rules.py in the port's package is not looked for by path: the port names the
+    module in port.yaml hooks.recipe_rules, and fixpack imports it by that name."""
+    name = f"rules_{pack.parent.name}"
+    _rules_package(pack, name, RULES)
+    assert run(pack, "check") == 0  # not declared: not run
+    capsys.readouterr()
+    _edit_port(pack, lambda d: d.update(hooks={"recipe_rules": f"{name}.serving_rules"}))
+    assert run(pack, "check", "--json") == 2
+    items = {i["item"]: i for i in json.loads(capsys.readouterr().out)["items"]}
+    assert items["tp-eight"]["result"] == "ok" and items["tp-eight"]["detail"] == "glm-5-3-flash serving rule"
+    assert items["always-wrong"] == {"item": "always-wrong", "result": "error", "detail": "refused by the port"}
+
+
+@pytest.mark.parametrize(
+    "hooks, body, message",
+    [
+        ({"recipe_checks": "x.y"}, None, "unknown hook(s) recipe_checks (known: recipe_rules)"),
+        ({"recipe_rules": "not a module"}, None, "hooks.recipe_rules: 'not a module' is not a module name"),
+        ({"recipe_rules": "{pkg}.nowhere"}, None, "hooks.recipe_rules: cannot import {pkg}.nowhere: ModuleNotFoundError"),
+        ({"recipe_rules": "{pkg}.serving_rules"}, "def recipe_problems(data):\n    return []\n",
+         "hooks.recipe_rules: module {pkg}.serving_rules lacks missing_file_note (RecipeRules)"),
+    ],
+    ids=["unknown hook", "not a module name", "no such module", "module without the protocol"],
+)
+def test_a_bad_hook_is_an_error_naming_the_port_yaml_and_the_hook(pack, capsys, hooks, body, message):
+    pkg = f"hooks_{pack.parent.name}"
+    _rules_package(pack, pkg, body or "")
+    hooks = {k: v.format(pkg=pkg) for k, v in hooks.items()}
+    port_yaml = _edit_port(pack, lambda d: d.update(hooks=hooks))
+    assert run(pack, "check", "--json") == 2
+    items = json.loads(capsys.readouterr().out)["items"]
+    bad = [i for i in items if i["result"] == "error"]
+    assert [i["item"] for i in bad] == ["rules glm-5-3-flash"]
+    assert bad[0]["detail"].startswith(f"{port_yaml}: ") and message.format(pkg=pkg) in bad[0]["detail"]
 
 
 # --------------------------------------------------------------------------- schema

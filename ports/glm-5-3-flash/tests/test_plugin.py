@@ -186,7 +186,9 @@ def test_switches_are_declared_once_in_port_yaml():
     assert (s.vision, s.image_max_tokens, s.kda_scan, s.decode_layer_group, s.mhc_sinkhorn, s.moe_op) == (
         True, 2048, None, 45, "kernel", "exact"
     )
-    assert {n: x.reference for n, x in spec.items() if x.reference is not None} == {
+    # every switch names its reference path; for vision and the image cap it is the default
+    assert {n: x.reference for n, x in spec.items()} == {
+        "GLM5_NEXT_VISION": True, "GLM5_NEXT_IMAGE_MAX_TOKENS": 2048,
         "GLM5_NEXT_KDA_SCAN": False, "GLM5_NEXT_DECODE_LAYER_GROUP": 1, "GLM5_NEXT_MHC_SINKHORN": "torch",
         "GLM5_NEXT_MOE_OP": "exact",
     }
@@ -208,7 +210,7 @@ def test_an_installed_plugin_finds_port_yaml_through_cookbook(tmp_path, monkeypa
     mod = sys.modules["_installed_switches"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.delenv("COOKBOOK", raising=False)
-    with pytest.raises(mod.SwitchError, match="port.yaml, which declares the GLM5_NEXT_\\* switches, was not found"):
+    with pytest.raises(mod.SwitchError, match="port.yaml of port glm-5-3-flash, which declares its switches, was not found"):
         mod.port_yaml()
     cookbook = tmp_path / "cookbook"
     (cookbook / "ports" / "glm-5-3-flash").mkdir(parents=True)
@@ -230,32 +232,38 @@ def test_bad_switch_values_stop_with_the_variable_named(name, value):
         read_switches({name: value})
 
 
+def _declared(**entry):
+    return {"reference": entry.get("default"), "meaning": "m", **entry}
+
+
 @pytest.mark.parametrize("entry, message", [
-    ({"default": 1, "type": "float"}, "type 'float' is not one of bool, int, str"),
-    ({"type": "bool"}, "missing key 'default'"),
-    ({"default": 2, "type": "bool"}, "default 2: '2' is not 0 or 1"),
-    ({"default": 1, "type": "int", "min": 2}, "default 1: 1 is below the minimum 2"),
-    ({"default": "x", "choices": ["a", "b"]}, "default 'x': 'x' is not one of a, b"),
-    ({"default": 1, "typo": 1}, "unknown key(s) typo"),
+    (_declared(default=1, type="float"), "type 'float' is not one of bool, int, enum, path, str"),
+    ({"type": "bool", "reference": 1, "meaning": "m"}, "missing key 'default'"),
+    (_declared(default=2, type="bool"), "default 2: '2' is not a boolean"),
+    (_declared(default=1, type="int", min=2), "default 1: 1 is below the minimum 2"),
+    (_declared(default="x", type="enum", choices=["a", "b"]), "default 'x': 'x' is not one of a, b"),
+    (_declared(default="a", choices=["a", "b"]), "missing key 'type'"),
+    (_declared(default=1, type="int", typo=1), "unknown key(s) typo"),
 ])
 def test_a_bad_switch_declaration_names_the_file_and_the_switch(entry, message):
     from glm5_next_hpu.switches import SwitchError, parse_spec
 
     with pytest.raises(SwitchError) as info:
-        parse_spec({"GLM5_NEXT_X": entry}, where="some/port.yaml")
+        parse_spec({"GLM5_NEXT_X": entry}, where="some/port.yaml", prefix="GLM5_NEXT_")
     assert str(info.value).startswith("some/port.yaml: switches.GLM5_NEXT_X: ") and message in str(info.value)
 
 
 def test_recipe_values_go_through_the_same_parser():
     from glm5_next_hpu.switches import recipe_value_problem
 
-    entry = {"default": "auto", "type": "bool"}
+    entry = {"default": "auto", "type": "bool", "reference": 0, "meaning": "m"}
     assert recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "1") is None
     assert recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "auto") is None
     # Accepted by the plugin, but a recipe (and the launch block it renders) writes 1/0.
-    assert recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "yes") == "'yes' is not 0 or 1: a recipe writes '1'"
-    assert "is not 0 or 1" in recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "2")
-    assert recipe_value_problem("GLM5_NEXT_N", {"default": 4, "max": 8}, "9") == "9 is above the maximum 8"
+    assert recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "yes") == "'yes': a recipe writes '1'"
+    assert "'2' is not a boolean" in recipe_value_problem("GLM5_NEXT_KDA_SCAN", entry, "2")
+    n = {"default": 4, "type": "int", "max": 8, "reference": 4, "meaning": "m"}
+    assert recipe_value_problem("GLM5_NEXT_N", n, "9") == "9 is above the maximum 8"
 
 
 # ----------------------------------------------------------------------------- config.json

@@ -203,7 +203,7 @@ def run(server, behaviour: Behaviour, *argv, tmp_path=None):
     Handler.behaviour = behaviour
     out = (tmp_path / "r.json") if tmp_path else None
     rc = gates.main(["--base-url", server, *SMALL, *argv, *(["--json", str(out)] if out else [])])
-    results = json.loads(out.read_text())["results"] if out else None
+    results = json.loads(out.read_text())["gates"] if out else None
     return rc, results
 
 
@@ -373,7 +373,7 @@ def test_mxk_runs_the_kernel_gate_without_a_server_and_maps_its_exit_code(tmp_pa
     script.write_text(f"import sys\nprint('gemv N 8 K 64 T 1: identical')\nprint('mxk gate: {status}')\nsys.exit({code})\n")
     out = tmp_path / "r.json"
     got = gates.main(["--base-url", "http://127.0.0.1:9", "--only", "mxk", "--mxk-gate", str(script), "--json", str(out)])
-    (r,) = json.loads(out.read_text())["results"]
+    (r,) = json.loads(out.read_text())["gates"]
     assert got == rc and r["gate"] == "mxk" and r["result"] == status
     assert r["figures"] == {"exit": code, "summary": f"mxk gate: {status}"} and "identical" in r["details"][0]
 
@@ -381,10 +381,10 @@ def test_mxk_runs_the_kernel_gate_without_a_server_and_maps_its_exit_code(tmp_pa
 def test_mxk_without_its_script_is_not_run_and_the_real_one_cannot_run_here(tmp_path):
     out = tmp_path / "r.json"
     assert gates.main(["--only", "mxk", "--mxk-gate", str(tmp_path / "absent.py"), "--json", str(out)]) == 1
-    assert json.loads(out.read_text())["results"][0]["result"] == "not run"
+    assert json.loads(out.read_text())["gates"][0]["result"] == "not run"
     if importlib.util.find_spec("habana_frameworks") is not None:
         pytest.skip("Gaudi software present: the real gate may run")
     assert gates.MXK_GATE.is_file()
     assert gates.main(["--only", "mxk", "--json", str(out)]) == 1
-    (r,) = json.loads(out.read_text())["results"]
+    (r,) = json.loads(out.read_text())["gates"]
     assert r["result"] == "not run" and r["figures"]["summary"].startswith("mxk gate: cannot run")

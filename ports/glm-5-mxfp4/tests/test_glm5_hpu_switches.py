@@ -80,8 +80,8 @@ def test_auto_is_accepted_only_where_the_default_is_auto(name):
     ("GLM_EARLY_DRAFT", "1.0", r"GLM_EARLY_DRAFT='1.0': '1.0' is not a boolean"),
     ("GLM_SPEC_DEVICE_REJECT", "-1", r"GLM_SPEC_DEVICE_REJECT='-1'"),
     ("GLM_MOE_TP", "0", r"GLM_MOE_TP='0': 0 is below the minimum 1"),
-    ("GLM_MOE_TP", "two", r"GLM_MOE_TP='two': 'two' is not a decimal integer"),
-    ("GLM_MOE_TP", "2.5", r"GLM_MOE_TP='2.5': '2.5' is not a decimal integer"),
+    ("GLM_MOE_TP", "two", r"GLM_MOE_TP='two': 'two' is not an integer"),
+    ("GLM_MOE_TP", "2.5", r"GLM_MOE_TP='2.5': '2.5' is not an integer"),
     ("GLM_MOE_PLACEMENT", "a\0b", r"GLM_MOE_PLACEMENT='a\\x00b': a path cannot hold a NUL character"),
 ])
 def test_a_bad_value_names_the_variable_and_the_value(name, value, message):
@@ -101,20 +101,21 @@ def _declared():
 @pytest.mark.parametrize("change, message", [
     (lambda d: d["GLM_MXK"].pop("reference"), r"switches.GLM_MXK: missing key 'reference'"),
     (lambda d: d["GLM_MXK"].update(reference="auto"), r"switches.GLM_MXK: reference must be 0 or 1, not auto"),
-    (lambda d: d["GLM_MOE_TP"].update(type="float"), r"switches.GLM_MOE_TP: type 'float' is not one of bool, int, path"),
+    (lambda d: d["GLM_MOE_TP"].update(type="float"), r"switches.GLM_MOE_TP: type 'float' is not one of bool, int, enum, path, str"),
     (lambda d: d["GLM_MOE_TP"].update(default=0), r"switches.GLM_MOE_TP: default 0: 0 is below the minimum 1"),
     (lambda d: d["GLM_MOE_TP"].update(step=2), r"switches.GLM_MOE_TP: unknown key\(s\) step"),
     (lambda d: d["GLM_DSA_SPARSE"].update(min=1), r"switches.GLM_DSA_SPARSE: min/max apply to type int only"),
     (lambda d: d["GLM_DSA_SPARSE"].update(default="sometimes"), r"switches.GLM_DSA_SPARSE: default 'sometimes'"),
     (lambda d: d["GLM_MOE_PLACEMENT"].update(default="/x.json"), r"switches.GLM_MOE_PLACEMENT: a path switch's default must be none"),
     (lambda d: d["GLM_EARLY_DRAFT"].update(meaning=""), r"switches.GLM_EARLY_DRAFT: 'meaning' is empty"),
-    (lambda d: d.update(glm_lower={"default": 1}), r"switches.glm_lower: a switch name is upper case"),
+    (lambda d: d.update(glm_lower={"default": 1}), r"switches.glm_lower: a switch name is upper case \(A-Z, 0-9, _\) and starts with GLM_"),
+    (lambda d: d.update(GLM5_OTHER={"default": 1}), r"switches.GLM5_OTHER: a switch name is upper case .* and starts with GLM_"),
 ])
 def test_a_bad_declaration_is_refused_naming_the_file_and_the_switch(tmp_path, change, message):
     d = _declared()
     change(d)
     path = tmp_path / "port.yaml"
-    path.write_text(yaml.safe_dump({"switches": d}))
+    path.write_text(yaml.safe_dump({"switch_prefix": "GLM_", "switches": d}))
     with pytest.raises(SwitchError, match=message) as exc:
         load_spec(path)
     assert str(path) in str(exc.value)
@@ -124,8 +125,8 @@ def test_a_switch_the_model_does_not_know_is_refused(tmp_path):
     d = _declared()
     d["GLM_NEW"] = {"default": 1, "type": "bool", "reference": 0, "meaning": "x"}
     path = tmp_path / "port.yaml"
-    path.write_text(yaml.safe_dump({"switches": d}))
-    with pytest.raises(SwitchError, match=r"do not match the model's"):
+    path.write_text(yaml.safe_dump({"switch_prefix": "GLM_", "switches": d}))
+    with pytest.raises(SwitchError, match=r"switches \[.*'new'.*\] do not match the plugin's Switches \["):
         read_switches({}, spec=load_spec(path))
 
 

@@ -2,7 +2,8 @@
 of a running server (launched as `fixpack recipe show --recipe recipes/zai-org/GLM-5.3-BF16/recipe.yaml`
 prints). Standard library only, so it runs in the port image as it is.
 
-    python3 glm53_gates.py --base-url http://127.0.0.1:8000 [--only needles,tools] [--json OUT]
+    python3 -m fixpack.gates --port glm-5-mxfp4 --base-url http://127.0.0.1:8000 [--only needles,tools] [--json OUT]
+    python3 glm53_gates.py ...                    # the same, from this folder
 
 | gate | what it sends | passes when (the page's gate) |
 |---|---|---|
@@ -17,13 +18,14 @@ prints). Standard library only, so it runs in the port image as it is.
 
 The page's seven run by default; mxk only when named (--only mxk), before the server takes the cards.
 
-Each gate gives {"gate", "result" (pass, fail, error, not run, recorded), "figures", "details"}.
+Each gate gives a Result (fixpack/gates/client.py: gate, result (pass, fail, error, not run,
+recorded), figures, details). fixpack's one gate runner (fixpack/gates/runner.py) runs and
+reports them, with this port's rule that a gate not run fails the run (STRICT).
 Exit code: 0 when every selected gate passed (or recorded), 1 otherwise, 2 bad usage.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -33,9 +35,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from fixpack.gates import runner
+from fixpack.gates.client import Client, Result
 
 PAGE_GATES = ["needles", "gsm8k", "tools", "mtp", "logprobs", "stress", "greedy"]
 GATES = [*PAGE_GATES, "mxk"]
@@ -45,74 +48,9 @@ DEPTHS = (0.10, 0.50, 0.90)
 LABELS = ("amber", "cobalt", "scarlet")
 
 
-# --------------------------------------------------------------------------- HTTP
-class Client:
-    def __init__(self, base_url: str, timeout: float = 3600.0, model: str | None = None):
-        self.base = base_url.rstrip("/")
-        self.timeout = timeout
-        self._model = model
-
-    def _req(self, method: str, path: str, body: dict | None = None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
-        return urllib.request.urlopen(req, timeout=self.timeout)
-
-    def get_text(self, path: str) -> str:
-        with self._req("GET", path) as r:
-            return r.read().decode()
-
-    def post(self, path: str, body: dict) -> dict:
-        try:
-            with self._req("POST", path, body) as r:
-                return json.loads(r.read().decode())
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"POST {path}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
-
-    def stream(self, path: str, body: dict):
-        """(arrival time, chunk) for every server-sent event until [DONE]."""
-        with self._req("POST", path, dict(body, stream=True)) as r:
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    return
-                yield time.monotonic(), json.loads(payload)
-
-    @property
-    def model(self) -> str:
-        if self._model is None:
-            self._model = json.loads(self.get_text("/v1/models"))["data"][0]["id"]
-        return self._model
-
-    def tokens(self, text: str) -> int:
-        out = self.post("/tokenize", {"model": self.model, "prompt": text})
-        return int(out.get("count", len(out.get("tokens", []))))
-
-    def chat(self, messages: list, **kw) -> dict:
-        return self.post("/v1/chat/completions", dict({"model": self.model, "messages": messages}, **kw))
-
-    def chat_stream(self, messages: list, **kw) -> dict:
-        """A streamed chat answer folded into a non-streamed message: content, tool_calls, finish_reason."""
-        content, calls, finish = [], {}, None
-        for _, chunk in self.stream("/v1/chat/completions", dict({"model": self.model, "messages": messages}, **kw)):
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta") or {}
-                content.append(delta.get("content") or "")
-                for tc in delta.get("tool_calls") or []:
-                    c = calls.setdefault(tc.get("index", 0), {"function": {"name": "", "arguments": ""}})
-                    fn = tc.get("function") or {}
-                    c["function"]["name"] += fn.get("name") or ""
-                    c["function"]["arguments"] += fn.get("arguments") or ""
-                finish = choice.get("finish_reason") or finish
-        message = {"content": "".join(content), "tool_calls": [calls[i] for i in sorted(calls)]}
-        return {"choices": [{"message": message, "finish_reason": finish}]}
-
-
-def result(gate: str, ok: bool | None, figures: dict, details: list | None = None, status: str | None = None) -> dict:
-    return {"gate": gate, "result": status or ("pass" if ok else "fail"), "figures": figures, "details": details or []}
+# --------------------------------------------------------------------------- gates
+def result(gate: str, ok: bool | None, figures: dict, details: list | None = None, status: str | None = None) -> Result:
+    return Result(gate, status or ("pass" if ok else "fail"), figures, details or [])
 
 
 def content_of(answer: dict) -> str:
@@ -156,7 +94,7 @@ def needle_lengths(low: int, high: int, count: int) -> list[int]:
 LOW = {"reasoning_effort": "low"}
 
 
-def gate_needles(client: Client, a) -> dict:
+def gate_needles(client: Client, a) -> Result:
     right, details = 0, []
     lengths = needle_lengths(a.needle_min, a.needle_max, a.needle_prompts)
     for i, target in enumerate(lengths):
@@ -164,7 +102,7 @@ def gate_needles(client: Client, a) -> dict:
         doc = document(client, target, FILLERS[i % 2], codes)
         size = client.tokens(doc)
         for label in LABELS:
-            answer = content_of(client.chat([{"role": "user", "content": doc + "\n\n" + question(label)}],
+            answer = content_of(client.chat_reply([{"role": "user", "content": doc + "\n\n" + question(label)}],
                                             temperature=0, max_tokens=a.answer_tokens, chat_template_kwargs=LOW))
             others = [c for k, c in codes.items() if k != label]
             ok = codes[label] in answer and not any(c in answer for c in others)
@@ -192,7 +130,7 @@ def number(text: str) -> str | None:
     return value[:-2] if value.endswith(".0") else value
 
 
-def gate_gsm8k(client: Client, a) -> dict:
+def gate_gsm8k(client: Client, a) -> Result:
     if not a.gsm8k:
         return result("gsm8k", None, {}, ["give --gsm8k FILE: the GSM8K test split as JSONL (question, answer)"], "not run")
     with open(a.gsm8k) as f:
@@ -201,7 +139,7 @@ def gate_gsm8k(client: Client, a) -> dict:
     for row in rows:
         want = number(row["answer"])
         prompt = row["question"] + "\nSolve it step by step; write the final answer as a number on the last line after '####'."
-        answer = content_of(client.chat([{"role": "user", "content": prompt}], temperature=0,
+        answer = content_of(client.chat_reply([{"role": "user", "content": prompt}], temperature=0,
                                         max_tokens=a.gsm8k_tokens, chat_template_kwargs=LOW))
         got = number(answer)
         right += got == want
@@ -290,7 +228,7 @@ def tool_problem(expect: tuple, message: dict) -> str | None:
     return None
 
 
-def gate_tools(client: Client, a) -> dict:
+def gate_tools(client: Client, a) -> Result:
     right, details = 0, []
     for stream in (False, True):
         for sampled in (False, True):
@@ -302,7 +240,7 @@ def gate_tools(client: Client, a) -> dict:
                     kw["temperature"] = 0
                 messages = [{"role": "user", "content": prompt}]
                 try:
-                    answer = client.chat_stream(messages, **kw) if stream else client.chat(messages, **kw)
+                    answer = client.chat_stream_reply(messages, **kw) if stream else client.chat_reply(messages, **kw)
                     problem = tool_problem(expect, answer["choices"][0]["message"])
                 except Exception as exc:  # one request's failure is that case's failure
                     problem = f"{type(exc).__name__}: {exc}"
@@ -340,10 +278,10 @@ PROMPTS = [
 ]
 
 
-def gate_mtp(client: Client, a) -> dict:
+def gate_mtp(client: Client, a) -> Result:
     before = counters(client.get_text("/metrics"))
     for prompt in PROMPTS[: a.mtp_requests]:
-        client.chat([{"role": "user", "content": prompt}], max_tokens=a.mtp_tokens)  # the server's default sampling
+        client.chat_reply([{"role": "user", "content": prompt}], max_tokens=a.mtp_tokens)  # the server's default sampling
     after = counters(client.get_text("/metrics"))
     drafted = after[SPEC[0]] - before[SPEC[0]]
     accepted = after[SPEC[1]] - before[SPEC[1]]
@@ -377,12 +315,12 @@ def logprob_problem(answer: dict, top: int) -> str | None:
     return None
 
 
-def gate_logprobs(client: Client, a) -> dict:
+def gate_logprobs(client: Client, a) -> Result:
     right, details = 0, []
     for i in range(a.logprobs_requests):
         prompt = PROMPTS[i % len(PROMPTS)]
         try:
-            answer = client.chat([{"role": "user", "content": prompt}], logprobs=True, top_logprobs=a.top_logprobs,
+            answer = client.chat_reply([{"role": "user", "content": prompt}], logprobs=True, top_logprobs=a.top_logprobs,
                                  max_tokens=a.logprobs_tokens, seed=i)
             problem = logprob_problem(answer, a.top_logprobs)
         except Exception as exc:
@@ -393,7 +331,7 @@ def gate_logprobs(client: Client, a) -> dict:
 
 
 # --------------------------------------------------------------------------- stress
-def gate_stress(client: Client, a) -> dict:
+def gate_stress(client: Client, a) -> Result:
     decodes: list[dict] = [{} for _ in range(a.stress_decodes)]
     started = threading.Barrier(a.stress_decodes + 1)
 
@@ -421,7 +359,7 @@ def gate_stress(client: Client, a) -> dict:
         started.wait(timeout=a.timeout)
     except threading.BrokenBarrierError:
         pass
-    long_start = time.monotonic()
+    long_start = time.perf_counter()
     longs = []
     for j, target in enumerate(a.stress_lengths):
         codes = codes_for(5000 + j)
@@ -433,7 +371,7 @@ def gate_stress(client: Client, a) -> dict:
         doc = document(client, target, FILLERS[j % 2], codes)
         ask = "\n\nList the access codes of the amber, cobalt and scarlet vaults, one per line."
         try:
-            answer = content_of(client.chat([{"role": "user", "content": doc + ask}], temperature=0,
+            answer = content_of(client.chat_reply([{"role": "user", "content": doc + ask}], temperature=0,
                                             max_tokens=a.answer_tokens, chat_template_kwargs=LOW))
             found[j] = sum(code in answer for code in codes.values())
         except Exception:
@@ -444,7 +382,7 @@ def gate_stress(client: Client, a) -> dict:
         t.start()
     for t in pre:
         t.join(a.timeout)
-    long_end = time.monotonic()
+    long_end = time.perf_counter()
     for t in threads:
         t.join(a.timeout)
     gap = 0.0
@@ -472,7 +410,7 @@ def greedy_ids(client: Client, a) -> list[list[int]]:
     return out
 
 
-def gate_greedy(client: Client, a) -> dict:
+def gate_greedy(client: Client, a) -> Result:
     if bool(a.greedy_record) == bool(a.greedy_compare):
         return result("greedy", None, {}, ["give --greedy-record FILE (launch configuration), then, after a restart "
                                            "with the levers off, --greedy-compare FILE"], "not run")
@@ -491,7 +429,7 @@ def gate_greedy(client: Client, a) -> dict:
                   [{"prompt": i, "identical": s, "first_difference": None if s else first[i]} for i, s in enumerate(same)])
 
 
-def gate_mxk(client: Client, a) -> dict:
+def gate_mxk(client: Client, a) -> Result:
     """The kernels' own device test, run as a script (it needs a card, not the server); the port
     folder goes on PYTHONPATH so glm5_hpu imports from a checkout as well as from the image."""
     script = Path(a.mxk_gate)
@@ -507,18 +445,16 @@ def gate_mxk(client: Client, a) -> dict:
     return result("mxk", None, {"exit": proc.returncode, "summary": lines[-1] if lines else ""}, lines[-60:], status)
 
 
-RUN = {"needles": gate_needles, "gsm8k": gate_gsm8k, "tools": gate_tools, "mtp": gate_mtp,
-       "logprobs": gate_logprobs, "stress": gate_stress, "greedy": gate_greedy, "mxk": gate_mxk}
+GATES = {"needles": gate_needles, "gsm8k": gate_gsm8k, "tools": gate_tools, "mtp": gate_mtp,
+         "logprobs": gate_logprobs, "stress": gate_stress, "greedy": gate_greedy, "mxk": gate_mxk}
+DEFAULT = PAGE_GATES
+NO_SERVER = {"mxk"}
+STRICT = True  # a page gate that did not run has not passed
+TIMEOUT = 3600.0
 
 
-# --------------------------------------------------------------------------- command
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="glm53_gates.py", description="device gates of the glm-5-mxfp4 port (the third page's table)")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--model", help="served model name (default: the first of /v1/models)")
-    p.add_argument("--only", help=f"comma-separated subset of {','.join(GATES)} (default: {','.join(PAGE_GATES)})")
-    p.add_argument("--json", help="write the results here")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per request")
+# --------------------------------------------------------------------------- options
+def add_arguments(p) -> None:
     p.add_argument("--needle-prompts", type=int, default=10)
     p.add_argument("--needle-min", type=int, default=16384)
     p.add_argument("--needle-max", type=int, default=126 * 1024)
@@ -544,34 +480,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mxk-gate", default=str(MXK_GATE), help="the kernels' device test (mxk)")
     p.add_argument("--mxk-python", default=sys.executable, help="the interpreter that runs it (the image's, with Gaudi software)")
     p.add_argument("--mxk-timeout", type=float, default=1800.0)
-    return p
+
+
+def check(a) -> str | None:
+    if len(PROMPTS) < max(a.greedy_prompts, a.mtp_requests):
+        return f"at most {len(PROMPTS)} prompts for greedy and mtp"
+    return None
+
+
+def parser():
+    return runner.parser(sys.modules[__name__], prog="glm53_gates.py")
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
-    chosen = PAGE_GATES if not a.only else [g.strip() for g in a.only.split(",") if g.strip()]
-    unknown = [g for g in chosen if g not in GATES]
-    if unknown or not chosen:
-        print(f"unknown gate(s) {', '.join(unknown)}; known: {', '.join(GATES)}", file=sys.stderr)
-        return 2
-    if len(PROMPTS) < max(a.greedy_prompts, a.mtp_requests):
-        print(f"at most {len(PROMPTS)} prompts for greedy and mtp", file=sys.stderr)
-        return 2
-    client = Client(a.base_url, a.timeout, a.model)
-    results = []
-    for gate in chosen:
-        t0 = time.monotonic()
-        try:
-            r = RUN[gate](client, a)
-        except Exception as exc:
-            r = result(gate, False, {}, [f"{type(exc).__name__}: {exc}"], "error")
-        r["seconds"] = round(time.monotonic() - t0, 1)
-        results.append(r)
-        print(f"{gate:<10} {r['result']:<9} {json.dumps(r['figures'])}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"base_url": a.base_url, "model": client._model, "results": results}, f, indent=1)
-    return 0 if all(r["result"] in ("pass", "recorded") for r in results) else 1
+    return runner.main(sys.modules[__name__], argv, prog="glm53_gates.py")
 
 
 if __name__ == "__main__":

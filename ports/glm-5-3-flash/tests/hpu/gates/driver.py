@@ -25,21 +25,21 @@ Gates, in the order they run:
 
 Results are "pass", "fail", "error" (the gate could not run: a request failed, a reply was
 malformed), "not measured" (no reference yet) or "missing" (the script is not there). The
-exit code is 1 when any gate fails or errors (with --strict also when one is not measured or
-missing), else 0. Nothing here invents a number: figures are what this server answered.
+gates are run and reported by fixpack's one gate runner (fixpack/gates/runner.py, which
+gives the common options and the exit code: 1 when any gate fails or errors, with --strict
+also when one is not measured or missing, else 0; 2 bad usage); this module declares the
+gates and their options. Nothing here invents a number: figures are what this server answered.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
-import time
-from dataclasses import asdict
 from pathlib import Path
 
-from .client import Client, GateError, Result, table
+from fixpack.gates import runner
+
+from .client import Result
 from .decode import gate_decode
 from .fixes import gate_fix_scripts
 from .fp8 import gate_fp8
@@ -56,9 +56,7 @@ PACK_ROOT = PORT_DIR.parents[1]
 GOLDEN_DIR = HERE / "golden"
 SINKHORN_DIR = PORT_DIR / "kernels" / "sinkhorn"
 
-ALL_GATES = ["golden", "fp8", "needles", "tools", "images", "decode", "prefill", "sinkhorn", "fixes"]
-
-
+# in the order they run; every one runs by default
 GATES = {
     "golden": gate_golden,
     "fp8": gate_fp8,
@@ -68,8 +66,11 @@ GATES = {
     "decode": gate_decode,
     "prefill": gate_prefill,
     "sinkhorn": gate_sinkhorn,
+    "fixes": gate_fix_scripts,
 }
-SERVER_GATES = {"golden", "fp8", "needles", "tools", "images", "decode", "prefill", "fixes"}
+ALL_GATES = DEFAULT = list(GATES)
+NO_SERVER = {"sinkhorn"}
+SERVER_GATES = set(GATES) - NO_SERVER
 
 
 def ints(text: str) -> list[int]:
@@ -80,15 +81,7 @@ def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", default=os.environ.get("GATE_BASE_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--model", help="model id (default: the first of /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
-    p.add_argument("--only", help=f"comma-separated gates (default: all of {', '.join(ALL_GATES)})")
-    p.add_argument("--json", type=Path, help="write the results here as JSON")
-    p.add_argument("--strict", action="store_true", help="'not measured' and 'missing' fail too")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per request")
+def add_arguments(p) -> None:
     p.add_argument("--golden-dir", type=Path, default=GOLDEN_DIR)
     p.add_argument("--record-golden", type=Path, metavar="PATH", help="write the golden token ids this server gives to PATH")
     p.add_argument("--record-fp8", type=Path, metavar="PATH", help="write the fp8 gate's token ids (an FP8 server) to PATH")
@@ -105,42 +98,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sinkhorn-cmd", help="run this instead of looking in --sinkhorn-dir")
     p.add_argument("--pack-root", type=Path, default=PACK_ROOT, help="the fix pack whose device gates the fixes gate runs")
     p.add_argument("--script-timeout", type=float, default=3600.0)
-    return p
+
+
+def check(opts) -> str | None:
+    if len(opts.decode_floors) != len(opts.decode_lengths):
+        return "--decode-floors needs one floor per --decode-lengths entry"
+    return None
+
+
+def build_parser():
+    return runner.parser(sys.modules[__name__])
 
 
 def run_gates(opts) -> list[Result]:
-    names = [g.strip() for g in opts.only.split(",")] if opts.only else list(ALL_GATES)
-    unknown = [g for g in names if g not in ALL_GATES]
-    if unknown:
-        raise SystemExit(f"gates: unknown gate(s) {', '.join(unknown)}; known: {', '.join(ALL_GATES)}")
-    if len(opts.decode_floors) != len(opts.decode_lengths):
-        raise SystemExit("gates: --decode-floors needs one floor per --decode-lengths entry")
-    client = Client(opts.base_url, opts.model, opts.timeout, opts.api_key) if SERVER_GATES & set(names) else None
-    results: list[Result] = []
-    for name in names:
-        t0 = time.perf_counter()
-        try:
-            if name == "fixes":
-                got = gate_fix_scripts(client, opts)
-            else:
-                got = [GATES[name](client, opts)]
-        except GateError as exc:
-            got = [Result(name, "error", str(exc)[:200], {"error": str(exc)})]
-        if client is not None and client._model is not None:
-            opts.model = client._model
-        for r in got:
-            r.seconds = round(time.perf_counter() - t0, 1)
-            results.append(r)
-            print(f"{r.gate}: {r.result}  {r.figures}", file=sys.stderr, flush=True)
-    return results
+    return runner.run_gates(sys.modules[__name__], opts)
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = build_parser().parse_args(argv)
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    results = run_gates(opts)
-    print(table(results))
-    if opts.json:
-        opts.json.write_text(json.dumps({"server": opts.base_url, "model": opts.model, "started": started, "gates": [asdict(r) for r in results]}, indent=1) + "\n")
-    bad = {"fail", "error"} | ({"not measured", "missing"} if opts.strict else set())
-    return 1 if any(r.result in bad for r in results) else 0
+    return runner.main(sys.modules[__name__], argv, prog="python -m gates")
