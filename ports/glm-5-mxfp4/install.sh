@@ -21,7 +21,7 @@
 # 5. Installs the port package (glm5_hpu and the converter glm5_mxfp4: pip install --no-deps
 #    ports/glm-5-mxfp4; with --root, into DIR with --target). The package must declare the
 #    glm5_hpu vllm.general_plugins entry point; without it the install stops before any change
-#    (exit 22): there is no vLLM model to register yet. --no-plugin skips this step.
+#    (exit 22). --no-plugin skips this step.
 # 6. Checks all of it again: the selection is applied (hash fast path), `fixpack verify` finds no
 #    drift, the plugin's entry point resolves.
 #
@@ -51,7 +51,7 @@ port_check_cookbook
 if (( PLUGIN )); then
   [[ -f "$HERE/pyproject.toml" ]] || die 22 "ports/$PORT has no pyproject.toml: the glm5_hpu plugin cannot be installed; nothing was changed"
   grep -q 'vllm.general_plugins' "$HERE/pyproject.toml" \
-    || die 22 "ports/$PORT/pyproject.toml declares no vllm.general_plugins entry point for glm5_hpu (the port has no vLLM model to register yet); install with --no-plugin for the patches only. Nothing was changed"
+    || die 22 "ports/$PORT/pyproject.toml declares no vllm.general_plugins entry point for glm5_hpu (it registers the port's model with vLLM); install with --no-plugin for the patches only. Nothing was changed"
 fi
 
 port_commands
