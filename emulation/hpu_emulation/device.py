@@ -394,6 +394,30 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return HPUTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout, device="cpu"))
 
 
+_TorchGenerator = torch._C.Generator
+
+
+class _GeneratorMeta(type(_TorchGenerator)):  # type: ignore[misc]
+    # Every torch generator (the default ones made in C++ included) is a ``torch.Generator``.
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _TorchGenerator)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _TorchGenerator)
+
+
+class Generator(_TorchGenerator, metaclass=_GeneratorMeta):
+    """``torch.Generator(device='hpu')``: a CPU generator, since the emulated card computes on the
+    CPU (the runner seeds one per seeded request and samples on the card with it). Seeded requests
+    are reproducible; their draws are the CPU generator's, not a card's. Any other device is
+    torch's own generator."""
+
+    def __new__(cls, device: Any = None) -> Any:  # type: ignore[misc]
+        if _is_hpu_device(device):
+            return _TorchGenerator("cpu")
+        return _TorchGenerator() if device is None else _TorchGenerator(device)
+
+
 _LIBRARIES: list[torch.library.Library] = []
 _MODE: list[DeviceMode] = []
 
@@ -405,6 +429,7 @@ def install(device_module: types.ModuleType) -> None:
     if "hpu" not in vars(torch) or getattr(torch, "hpu", None) is not device_module:
         torch._register_device_module("hpu", device_module)
     torch.nn.Parameter.__new__ = _new_parameter  # type: ignore[method-assign]
+    torch.Generator = Generator  # type: ignore[misc]
     lib = torch.library.Library("aten", "IMPL", "HPU")
     lib.impl("empty.memory_format", _empty_memory_format)
     lib.impl("empty_strided", _empty_strided)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         metavar="T",
-        help="also run every prompt together at temperature T, unseeded (report 'sampled')",
+        help="also run every prompt together at temperature T, each with its own seed, twice ('sampled', 'sampled_again')",
     )
     ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
@@ -128,12 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     counting.clear()
     result = {"batched": run(prompts)}
     if args.sampled is not None:
+        # each request with its own seed, run twice: seeded sampling must repeat itself
         params = [
-            SamplingParams(temperature=args.sampled, max_tokens=args.max_tokens, ignore_eos=True)
+            SamplingParams(temperature=args.sampled, seed=1000 + i, max_tokens=args.max_tokens, ignore_eos=True)
             for i in range(len(prompts))
         ]
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        result["sampled"] = [list(o.outputs[0].token_ids) for o in outs]
+        for key in ("sampled", "sampled_again"):
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            result[key] = [list(o.outputs[0].token_ids) for o in outs]
     steps = counting.steps()
     if args.alone:
         result["alone"] = [run([p])[0] for p in prompts]

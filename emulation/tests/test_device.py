@@ -209,3 +209,25 @@ def test_an_op_registered_for_the_hpu_key_only_runs_on_card_tensors():
     assert out.device.type == "hpu" and out.cpu().tolist() == [0.0, 2.0, 4.0]
     with pytest.raises(NotImplementedError):
         torch.ops.hpu_emulation_test.double(torch.arange(3.0))  # a host tensor has no kernel
+
+
+def test_a_card_generator_seeds_sampling_on_the_card_reproducibly():
+    """vllm-gaudi's runner makes ``torch.Generator(device=self.device)`` per seeded request; a CPU
+    build has no HPU generator, so the emulation gives a CPU one (draws are the CPU generator's)."""
+    draws = []
+    for _ in range(2):
+        g = torch.Generator(device="hpu")
+        g.manual_seed(1234)
+        q = torch.empty(6, device="hpu")
+        q.exponential_(generator=g)
+        u = torch.empty(4, device="hpu").uniform_(generator=g)
+        assert q.device.type == "hpu" and u.device.type == "hpu"
+        draws.append(torch.cat([q.cpu(), u.cpu()]))
+    assert torch.equal(draws[0], draws[1])
+    other = torch.Generator(device="hpu").manual_seed(99)
+    assert not torch.equal(torch.empty(6, device="hpu").exponential_(generator=other).cpu(), draws[0][:6])
+    reference = torch.Generator().manual_seed(1234)  # the same stream as torch's own CPU generator
+    assert torch.equal(draws[0][:6], torch.empty(6).exponential_(generator=reference))
+    # every generator is still a torch.Generator, the default ones made in C++ included
+    assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+    assert torch.Generator("cpu").device == torch.device("cpu") and torch.Generator().device.type == "cpu"

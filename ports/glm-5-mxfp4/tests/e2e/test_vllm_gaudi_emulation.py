@@ -215,8 +215,8 @@ def test_negative_control_experts_swapped_part_from_the_reference(tree, ckpt, re
 
 def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(tree, constant_draft, reference, monkeypatch):
     """MTP on: greedy tokens (batched and alone) as the reference; the top-5 logprobs of each greedy
-    token complete and finite, the greedy token the most likely; the prompts again at temperature 1
-    (unseeded) complete; vLLM's speculative counters report drafts, some accepted."""
+    token complete and finite, the greedy token the most likely; the prompts again at temperature 1,
+    each request seeded, complete and repeat themselves when run again; vLLM's speculative counters report drafts, some accepted."""
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
     proc, result = _serve(tree, constant_draft, monkeypatch, engine_args=[f"speculative_config={spec}"],
                           extra=["--logprobs", "5", "--sampled", "1.0"])
@@ -233,6 +233,7 @@ def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(tree, constant_
     assert [len(t) for t in result["sampled"]] == [NEW_TOKENS] * len(PROMPTS)
     assert all(0 <= t < 256 for tokens in result["sampled"] for t in tokens)
     assert result["sampled"] != result["batched"]  # sampled at temperature 1, not greedy
+    assert result["sampled_again"] == result["sampled"]  # seeded requests repeat themselves
     counts = result.get("spec_decode", {})
     drafts = counts.get("vllm:spec_decode_num_draft_tokens", 0)
     accepted = counts.get("vllm:spec_decode_num_accepted_tokens", 0)
