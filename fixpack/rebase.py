@@ -83,7 +83,7 @@ def classify(fix, tree: Path, found: dict) -> tuple[str, dict[str, bytes], list[
 
     sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
     try:
-        changes = kinds.module(fix.kind).apply(fix.dir, sources).outputs
+        changes = kinds.module(fix.kind).apply(fix.change_dir, sources).outputs
     except ChangeError as exc:
         msg = str(exc)
         return ("nomatch" if "found 0" in msg else "conflict"), {}, [msg], ""
@@ -119,7 +119,7 @@ def added_lines(fix, tree: Path) -> dict[str, list[str]]:
     if fix.kind == "edit":
         from fixpack.kinds.edit import load
 
-        calls = [(e.target, e.old, e.new) for e in load(fix.dir)]
+        calls = [(e.target, e.old, e.new) for e in load(fix.change_dir)]
     else:  # a codemod's new lines are those of its output where it applies
         import difflib
 
@@ -128,7 +128,7 @@ def added_lines(fix, tree: Path) -> dict[str, list[str]]:
 
         sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets if (tree / t.rel).is_file()}
         try:
-            outputs = kinds.module(fix.kind).apply(fix.dir, sources).outputs if len(sources) == len(fix.targets) else {}
+            outputs = kinds.module(fix.kind).apply(fix.change_dir, sources).outputs if len(sources) == len(fix.targets) else {}
         except ChangeError:
             outputs = {}
         calls = []
