@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixpack.testing import RELEASE_ENV
 from fixpack.errors import ConfigError
+from fixpack.testing import RELEASE_ENV
 
 PKG_PARENT = str(Path(__file__).resolve().parents[1])
 _lock = __import__("threading").Lock()

@@ -7,6 +7,7 @@ from pathlib import Path
 from fixpack.commands._common import pack_of
 from fixpack.errors import ConfigError, FixpackError
 from fixpack.locations import port_layer
+from fixpack.pack import Port
 
 
 def add_parser(sub):
@@ -75,7 +76,7 @@ def run(args) -> int:
     pack = pack_of(args)
     errors: list[str] = []
     checked = 0
-    bases = [(pack.root / "fixes", "profile", None)]
+    bases: list[tuple[Path, str, Port | None]] = [(pack.root / "fixes", "profile", None)]
     for n in pack.port_names():
         try:
             bases.append((pack.root / "ports" / n / "fixes", port_layer(n), pack.port(n)))
@@ -97,7 +98,7 @@ def run(args) -> int:
                     on_port = port is not None and release == port.profile
                     listed = _listed(pack, release, port if on_port else None)
                     if listed is not None and st["status"] in ("applies", "refreshed") and whole.id not in listed:
-                        order = port.dir / "port.yaml" if on_port else pack.root / "profiles" / f"{release}.yaml"
+                        order = port.dir / "port.yaml" if port is not None and on_port else pack.root / "profiles" / f"{release}.yaml"
                         raise ConfigError(f"{d / 'fix.yaml'}: releases.{release} is {st['status']}, but {order} does not list {whole.id}")
             except FixpackError as exc:
                 errors.append(str(exc))
