@@ -211,6 +211,8 @@ targets:
 upstream: null
 remove_when: "TODO: when upstream has the change (commit or PR)"
 tests: [{test}]
+releases:
+  {release}: {{status: applies}}
 """
 
 TEST_STUB = '''"""{id}: the regression test. It must fail on the tree before the fix and pass after it
@@ -225,7 +227,7 @@ def test_{name}_defect_is_fixed():
 
 
 def _new_fix_dir(pack: Pack, profile: Profile, port: Port | None, fix_id: str) -> Path:
-    return (port.dir / "fixes" / fix_id) if port else (pack.root / profile.fixes_dir / fix_id)
+    return pack.fix_dir(fix_id, port)
 
 
 def _with_entry(path: Path, key: str, fix_id: str) -> str:
@@ -285,11 +287,11 @@ def commit(pack: Pack, fix_id: str) -> dict:
         if set(fix.target_rels) != set(modified):
             raise ConfigError(f"{fix.dir / 'fix.yaml'}: declares targets {sorted(fix.target_rels)}, the edit changes {sorted(modified)}; "
                               "update `targets` first; nothing was written")
-        if _gives(fix.dir / "patch.diff", modified):
-            done["check"] = "patch.diff already gives the edited files: left as it is"
+        if _gives(fix.change_file, modified):
+            done["check"] = f"{fix.change_file.relative_to(fix.dir)} already gives the edited files: left as it is"
             return done
-        (fix.dir / "patch.diff").write_bytes(data)
-        done["written"].append(str(fix.dir / "patch.diff"))
+        fix.change_file.write_bytes(data)
+        done["written"].append(str(fix.change_file))
         return done
     d = _new_fix_dir(pack, profile, port, fix_id)
     if d.exists():
@@ -300,7 +302,7 @@ def commit(pack: Pack, fix_id: str) -> dict:
     test = f"test_{fix_id.replace('-', '_')}.py"
     targets = "\n".join(f"  - {{package: {rel.split('/', 1)[0]}, path: {rel.split('/', 1)[1]}}}" for rel in sorted(modified))
     (d / "patch.diff").write_bytes(data)
-    (d / "fix.yaml").write_text(FIX_YAML.format(id=fix_id, targets=targets, test=test))
+    (d / "fix.yaml").write_text(FIX_YAML.format(id=fix_id, targets=targets, test=test, release=port.profile if port is not None else profile.name))
     (d / test).write_text(TEST_STUB.format(id=fix_id, name=fix_id.replace("-", "_")))
     order.write_text(order_text)
     done["written"] += [str(d / n) for n in ("patch.diff", "fix.yaml", test)] + [str(order)]

@@ -144,8 +144,6 @@ class Engine:
 
     def step_record(self, fix: Fix, files: dict[str, list[str]]) -> Step:
         step = Step(fix=fix.id, files=files, layer=Layer.parse(fix.layer), fix_hash=self._fix_hash[fix.id])
-        if fix.layer == "profile" and fix.dir != self.pack.root / "fixes" / fix.id:
-            step.dir = fix.dir.relative_to(self.pack.root).as_posix()  # a profile's own fixes folder
         if self.protection is not None:
             step.sandbox = protection_text(self.protection)
         return step
@@ -280,6 +278,18 @@ class Engine:
         self.runner.close()
 
     # ---- apply
+    def same_fix(self, step: Step) -> bool:
+        """Whether an applied step is the fix as the pack has it now: the same hash, or (with a
+        lock) an earlier hash the lock keeps for it because its pinned files did not change."""
+        if step.fix_hash == self._fix_hash.get(step.fix):
+            return True
+        if self.lock is None or self.pinned is None:
+            return False
+        from fixpack.fastpath import hash_known
+
+        pins = {s.fix: s.files for s in self.pinned}
+        return hash_known(self.lock.data["fixes"].get(step.fix, {}), step.fix_hash) and pins.get(step.fix) == step.files
+
     def fast_path_done(self) -> bool:
         """Already applied: only hashes, no lock, no worker, no libcst."""
         if self.pinned is None:
@@ -288,9 +298,9 @@ class Engine:
         if not isinstance(state, StateRecord) or self.store.journal_path.exists():
             return False
         steps = state.steps
-        if state.key != self.key or [(s.fix, s.fix_hash) for s in steps] != [
-            (f.id, self._fix_hash[f.id]) for f in self.fixes
-        ]:
+        if state.key != self.key or [s.fix for s in steps] != [f.id for f in self.fixes]:
+            return False
+        if not all(self.same_fix(s) for s in steps):
             return False
         if [s.files for s in steps] != [s.files for s in self.pinned]:
             return False  # a record the lock does not pin: the full path names it as drift
@@ -344,7 +354,7 @@ class Engine:
                 common < len(applied)
                 and common < len(self.fixes)
                 and applied[common].fix == self.fixes[common].id
-                and applied[common].fix_hash == self._fix_hash[self.fixes[common].id]
+                and self.same_fix(applied[common])
             ):
                 common += 1
             steps = applied

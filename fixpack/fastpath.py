@@ -24,16 +24,29 @@ def _sha(path: str) -> str | None:
         return None
 
 
-def fix_hash(fix_dir: str) -> str | None:
-    """Same value as pack.Fix.content_hash, without parsing fix.yaml."""
+def fix_hash(fix_dir: str, release: str | None = None) -> str | None:
+    """Same value as pack.Fix.content_hash on ``release``, without parsing fix.yaml: the
+    release's own change file (fixes/<id>/<release>/, a refreshed release) or the shared one."""
     h = hashlib.sha256()
-    change = [n for n in CHANGE_FILES.values() if os.path.isfile(os.path.join(fix_dir, n))]
+    change = []
+    for folder in ([os.path.join(fix_dir, release)] if release else []) + [fix_dir]:
+        change = [os.path.join(folder, n) for n in CHANGE_FILES.values() if os.path.isfile(os.path.join(folder, n))]
+        if change:
+            break
     if len(change) != 1:
         return None
-    for name in ("fix.yaml", change[0]):
-        with open(os.path.join(fix_dir, name), "rb") as f:
-            h.update(name.encode() + b"\0" + f.read() + b"\0")
+    for path in (os.path.join(fix_dir, "fix.yaml"), change[0]):
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
     return h.hexdigest()
+
+
+def hash_known(lock_entry: dict, recorded: str | None) -> bool:
+    """Whether a state record's fix hash names the fix the lock pins: its hash now, or an
+    earlier one of the same fix whose pinned files the lock carried over unchanged (``earlier``:
+    an image applied before fix.yaml was rewritten, e.g. into per-release entries, is still
+    the state this lock pins)."""
+    return recorded is not None and (recorded == lock_entry.get("hash") or recorded in (lock_entry.get("earlier") or ()))
 
 
 def locate(names: list[str], root: str | None) -> dict[str, str] | None:
@@ -87,8 +100,9 @@ def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str
         entry = lock["fixes"][pinned["fix"]]
         port_name = layer_port(entry.get("layer", "profile"))
         base = os.path.join(pack_root, "ports", port_name, "fixes") if port_name else os.path.join(pack_root, "fixes")
-        h = fix_hash(os.path.join(pack_root, entry["dir"]) if entry.get("dir") else os.path.join(base, pinned["fix"]))
-        if h is None or h != lock["fixes"][pinned["fix"]]["hash"] or recorded.get("fix_hash") != h:
+        # a port's fixes apply on the port's profile, which is this one (the lock is the profile's)
+        h = fix_hash(os.path.join(pack_root, entry["dir"]) if entry.get("dir") else os.path.join(base, pinned["fix"]), profile)
+        if h is None or h != entry["hash"] or not hash_known(entry, recorded.get("fix_hash")):
             return None
         if recorded.get("files") != pinned["files"]:
             return None

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack.errors import ConfigError
+from fixpack.testing import RELEASE_ENV
 
 PKG_PARENT = str(Path(__file__).resolve().parents[1])
 _lock = __import__("threading").Lock()
@@ -165,6 +166,10 @@ def close_servers() -> None:
 def run_tests(fix, tree: Path, timeout: float, *, stop_at_first_failure: bool = False) -> TestRun:
     """Run the fix's tests on ``tree`` in a fresh process and read the plugin's report."""
     env = dict(os.environ, FIXPACK_TREE=str(tree), PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    # the release the tree is: a test marked releases(...) runs only on the ones it names
+    env.pop(RELEASE_ENV, None)
+    if getattr(fix, "release", None):
+        env[RELEASE_ENV] = fix.release
     env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryDirectory(prefix="fixpack-report-") as d:
         report = Path(d) / "report.json"
@@ -331,7 +336,7 @@ def apply_change(fix, tree: Path, drop: int | None = None) -> tuple[dict[str, by
     from fixpack import kinds
 
     sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
-    applied = kinds.module(fix.kind).apply(fix.dir, sources, drop)
+    applied = kinds.module(fix.kind).apply(fix.change_dir, sources, drop)
     out = {rel: data for rel, data in applied.outputs.items() if data != sources[rel]}
     return out, [Part(i, label) for i, label in enumerate(applied.parts)]
 

@@ -83,7 +83,7 @@ def classify(fix, tree: Path, found: dict) -> tuple[str, dict[str, bytes], list[
 
     sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
     try:
-        changes = kinds.module(fix.kind).apply(fix.dir, sources).outputs
+        changes = kinds.module(fix.kind).apply(fix.change_dir, sources).outputs
     except ChangeError as exc:
         msg = str(exc)
         return ("nomatch" if "found 0" in msg else "conflict"), {}, [msg], ""
@@ -119,7 +119,7 @@ def added_lines(fix, tree: Path) -> dict[str, list[str]]:
     if fix.kind == "edit":
         from fixpack.kinds.edit import load
 
-        calls = [(e.target, e.old, e.new) for e in load(fix.dir)]
+        calls = [(e.target, e.old, e.new) for e in load(fix.change_dir)]
     else:  # a codemod's new lines are those of its output where it applies
         import difflib
 
@@ -128,7 +128,7 @@ def added_lines(fix, tree: Path) -> dict[str, list[str]]:
 
         sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets if (tree / t.rel).is_file()}
         try:
-            outputs = kinds.module(fix.kind).apply(fix.dir, sources).outputs if len(sources) == len(fix.targets) else {}
+            outputs = kinds.module(fix.kind).apply(fix.change_dir, sources).outputs if len(sources) == len(fix.targets) else {}
         except ChangeError:
             outputs = {}
         calls = []
@@ -228,9 +228,88 @@ def rebase_report(pack, profile, srcs: dict, *, only: list[str] | None = None, t
                 notes.append(f"tests without the fix: {verdict[0]} ({verdict[1]})")
                 if verdict[0] == "green" and cls != "moved":
                     cls = "upstream"
+            new_change = None
+            if cls == "offset" and fix.kind == "diff":
+                # the whole change made against the new release's bytes (every file, not only the moved ones)
+                from fixpack.diffpatch import unified
+
+                new_change = "".join(unified((tree / t.rel).read_bytes(), changes[t.rel], t.rel) for t in fix.targets if t.rel in changes)
             for rel, data in changes.items():
                 if cls in ("exact", "offset"):
                     atomic_write(tree / rel, data, like=os.stat(tree / rel))  # the next fixes stack on it
             if wanted:
-                rows.append({"fix": fix.id, "class": cls, "tests": verdict[0] if verdict else None, "notes": notes, "refreshed_diff": refreshed})
+                rows.append({"fix": fix.id, "class": cls, "tests": verdict[0] if verdict else None, "notes": notes, "refreshed_diff": refreshed, "new_change": new_change})
     return rows
+
+
+# ---- writing a new release's entry into fix.yaml
+
+
+def release_entry(fix, row: dict, release: str) -> tuple[dict | None, bytes | None, str]:
+    """(the fix.yaml entry for ``release``, the bytes of its own change file or None, what was
+    decided) from one report row; the entry is None where a person must decide (a conflict)."""
+    cls = row["class"]
+    said = "; ".join(row["notes"][:5])
+    shared = fix.change_dir == fix.dir  # the release the report started from applies the shared change
+    if cls == "exact":
+        if shared:
+            return {"status": "applies"}, None, "applies: the shared change applies exactly"
+        why = f"the change of {fix.release} applies exactly on {release}"
+        return {"status": "refreshed", "why": why}, fix.change_file.read_bytes(), f"refreshed: {why}"
+    if cls == "offset" and row.get("new_change"):
+        why = f"re-made by fixpack rebase-report: the change of {fix.release} applies at an offset on {release} ({said[:300]})"
+        return {"status": "refreshed", "why": why}, row["new_change"].encode(), "refreshed: the diff re-made at the new offsets"
+    if cls in ("upstream", "duplicate"):
+        evidence = f"fixpack rebase-report ({LABELS[cls]}): {said}" if said else f"fixpack rebase-report: {LABELS[cls]}"
+        return {"status": "upstream", "evidence": evidence}, None, "upstream: " + LABELS[cls]
+    return None, None, f"not written: {LABELS[cls]}; make its change with `fixpack edit {fix.id} --profile {release}` once the profile exists"
+
+
+def _entry_text(release: str, entry: dict) -> str:
+    import yaml
+
+    body = yaml.safe_dump({release: entry}, sort_keys=False, width=100, default_flow_style=False)
+    return "".join(f"  {line}\n" for line in body.splitlines())
+
+
+def write_release_entry(fix, release: str, entry: dict, change: bytes | None) -> list[Path]:
+    """Add ``release``'s entry to the fix's fix.yaml ``releases:`` (and its own change file),
+    keeping the rest of the file byte for byte; the result is validated, else nothing is left
+    written. Returns the files written."""
+    from fixpack.pack import load_fix
+    from fixpack.store import atomic_write
+
+    path = fix.dir / "fix.yaml"
+    text = path.read_text()
+    if release in fix.meta["releases"]:
+        raise ConfigError(f"{path}: releases already has an entry {release!r}; left as it is")
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip() == "releases:"]
+    if len(starts) != 1:
+        raise ConfigError(f"{path}: no top-level `releases:` block to add {release!r} to")
+    end = starts[0] + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end][:1] in (" ", "#")):
+        end += 1
+    while end > starts[0] + 1 and not lines[end - 1].strip():
+        end -= 1
+    if end > 0 and not lines[end - 1].endswith("\n"):
+        lines[end - 1] += "\n"
+    new_text = "".join(lines[:end]) + _entry_text(release, entry) + "".join(lines[end:])
+    own = fix.dir / release / fix.change_file.name if change is not None else None
+    written = []
+    try:
+        if own is not None:
+            own.parent.mkdir(exist_ok=True)
+            own.write_bytes(change)
+            written.append(own)
+        atomic_write(path, new_text.encode(), like=os.stat(path))
+        written.append(path)
+        load_fix(fix.dir, layer=fix.layer)  # the file as a whole still validates
+    except Exception:
+        atomic_write(path, text.encode(), like=os.stat(path))
+        if own is not None:
+            own.unlink(missing_ok=True)
+            if own.parent.is_dir() and not any(own.parent.iterdir()):
+                own.parent.rmdir()
+        raise
+    return written

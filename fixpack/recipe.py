@@ -358,9 +358,7 @@ def check_recipe(recipe: Recipe, pack) -> list[dict]:
             )
             continue
         try:
-            # the profile's own folder for the fix (fixes_dir, or the entry's dir), not fixes/<id>
-            entry = next(e for e in profile.entries if e.id == fid)
-            pack.fix(fid, rel_dir=pack.entry_dir(profile, entry))
+            pack.fix(fid, release=profile.name)
             ok(item, "opt-in of " + profile.name)
         except FixpackError as exc:
             bad(item, f"fix {fid!r}: {exc}")

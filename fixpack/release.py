@@ -13,7 +13,7 @@ from pathlib import Path
 from fixpack import sources
 from fixpack.engine import Engine, Reporter
 from fixpack.hashing import sha256_file
-from fixpack.lockfile import LOCK_FORMAT, selection_key
+from fixpack.lockfile import LOCK_FORMAT, carry_earlier, selection_key
 from fixpack.pack import Pack, Port, Profile
 from fixpack.state import StateRecord, Step
 from fixpack.store import Store
@@ -94,12 +94,12 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
             steps = record_selection(pack, profile, port, opt, tree, quiet=quiet, memo=memo, located=located)
         key = selection_key(port.name if port else None, opt)
         for s in steps:
-            fixes[s.fix] = {"layer": str(s.layer), "hash": s.fix_hash, **({"dir": s.dir} if s.dir else {})}
+            fixes[s.fix] = {"layer": str(s.layer), "hash": s.fix_hash}
             for rel in s.files:
                 pkg, sub = rel.split("/", 1)
                 pristine.setdefault(rel, manifest[pkg][sub])
         sels.append({"key": key, "port": port.name if port else None, "opt_in": opt, "steps": [{"fix": s.fix, "files": s.files} for s in steps]})
-    return {
+    data = {
         "format": LOCK_FORMAT,
         "profile": profile.name,
         "packages": profile.packages,
@@ -118,6 +118,11 @@ def build_lock(pack: Pack, profile: Profile, manifest: dict, make_tree=None, qui
             if texts
         },
     }
+    try:  # the lock this one replaces: fixes whose pins did not move keep their earlier hashes
+        carry_earlier(json.loads(profile.lock_path.read_bytes()), data)
+    except (OSError, ValueError):
+        pass
+    return data
 
 
 def dump(data) -> str:

@@ -126,7 +126,7 @@ class Runner:
                 raise fs_error(exc, f"{fix.id}: cannot hand {src} to its process through {copy}") from exc
             staged_in[rel] = str(copy)
         job: dict[str, Any] = {
-            "fix_dir": str(fix.dir),
+            "fix_dir": str(fix.change_dir),  # the folder of this release's change file
             "kind": fix.kind,
             "stage_dir": str(stage),
             "check_idempotent": self.check_idempotent,

@@ -35,7 +35,29 @@ FIX_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "completed_by": ((list,), False, "later fix ids without which this one is incomplete at run time"),
     "pins_defect_tests": ((list,), False, "[{suite, test, why}]: an upstream test that passes on the pristine release and fails with the fix because it pins the very defect the fix removes"),
     "notes": ((str,), False, "anything else"),
+    "releases": ((dict,), True, "each release's status: {<profile>: {status: applies|refreshed|upstream|dropped, ...}}"),
 }
+
+# The status of a fix on one release (a profile name), under fix.yaml's ``releases:``.
+#   applies    the fix's shared change file applies (no release folder of its own)
+#   refreshed  the release has its own change file in <fix>/<release>/; ``why`` says what moved
+#   upstream   the release has the fix already; ``evidence`` says where (``upstream``: the PR/commit)
+#   dropped    left out on purpose; ``why`` says why
+RELEASE_STATUSES = ("applies", "refreshed", "upstream", "dropped")
+
+# Keys of a release entry that replace the fix-level key of the same name on that release
+# (what the change meets moved: the evidence, the parts, the guards).
+RELEASE_OVERRIDES = ("evidence", "change", "notes", "untested_parts", "regression_guards", "pins_defect_tests", "requires", "completed_by", "remove_when")
+
+RELEASE_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
+    "status": ((str,), True, "applies, refreshed, upstream or dropped"),
+    "why": ((str,), False, "refreshed: what moved; dropped: why it is left out; upstream: what upstream did"),
+    "upstream": ((str,), False, "upstream: the commit or PR that carries the fix"),
+    **{k: (FIX_SCHEMA[k][0], False, FIX_SCHEMA[k][2] + " (on this release)") for k in RELEASE_OVERRIDES},
+}
+# what each status must say, and the keys only a status that applies a change may carry
+RELEASE_REQUIRED = {"applies": (), "refreshed": ("why",), "upstream": ("evidence",), "dropped": ("why",)}
+RELEASE_APPLIED = ("applies", "refreshed")
 
 TARGET_SCHEMA = {
     "package": ((str,), True, "top-level package folder, e.g. vllm_gaudi"),
@@ -58,14 +80,19 @@ PROFILE_SCHEMA = {
     "description": ((str,), False, ""),
     "base": ((dict,), True, "what the profile applies to"),
     "packages": ((list,), True, "package folders the fixes may touch"),
-    "fixes_dir": ((str,), False, "the folder of this profile's fixes (default: fixes)"),
-    "fixes": ((list,), True, "ordered fixes (the pack order)"),
+    "fixes": ((list,), True, "ordered fixes (the pack order); each fix's status on this release is in its fix.yaml"),
 }
 
 PROFILE_FIX_SCHEMA = {
     "id": ((str,), True, "a fix folder under fixes/"),
     "opt_in": ((bool,), False, "applied only when named on the command line"),
-    "dir": ((str,), False, "the fix's folder, relative to the pack, when not <fixes_dir>/<id> (a fix shared with another profile)"),
+}
+
+# Keys of the layout before fix-centric folders, with what replaced them (a clearer error
+# than "unknown key" for a profile written for the old layout).
+PROFILE_RETIRED_KEYS = {
+    "fixes_dir": "a fix's per-release change now lives in fixes/<id>/<release>/, named by the fix's fix.yaml `releases:`",
+    "dir": "every fix lives in fixes/<id>/; its status on this release is in fixes/<id>/fix.yaml `releases:`",
 }
 
 PORT_SCHEMA = {

@@ -108,6 +108,7 @@ def fix_yaml(fid: str, kind: str, targets: list[str], **extra) -> str:
         pkg, path = t.split("/", 1)
         lines += [f"  - package: {pkg}", f"    path: {path}"]
     lines += ["upstream: null", "remove_when: never (test fixture)", "tests: [test_it.py]"]
+    extra.setdefault("releases", {"test": {"status": "applies"}})  # the synthetic profile's name
     for k, v in extra.items():
         lines.append(f"{k}: {json.dumps(v)}")
     return "\n".join(lines) + "\n"
@@ -337,7 +338,7 @@ def stand_in_v030_pack(dev_tree: Path, tmp: Path) -> tuple[Path, dict[str, str]]
     pack = tmp / "cookbook"
     shutil.copytree(REPO / "profiles", pack / "profiles")
     shutil.copy2(REPO / "apply_all.py", pack / "apply_all.py")  # apply_all finds its pack by realpath
-    for name in ("fixpack", "fixes", "fixes-v0.30.0", "ports", "recipes"):
+    for name in ("fixpack", "fixes", "ports", "recipes"):
         (pack / name).symlink_to(REPO / name, target_is_directory=True)
     prof = pack / "profiles" / "v0.30.0.yaml"
     prof.write_text(prof.read_text().replace("      commit: 058f107\n", f"      commit: {release}\n", 1))

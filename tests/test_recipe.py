@@ -76,7 +76,7 @@ def _fix(folder: Path, fid: str) -> None:
     (folder / "fix.yaml").write_text(
         yaml.safe_dump(
             {"id": fid, "summary": "s", "why": "w", "kind": "diff", "targets": [{"package": "vllm", "path": "x.py"}],
-             "upstream": None, "remove_when": "r", "tests": ["test_x.py"]}
+             "upstream": None, "remove_when": "r", "tests": ["test_x.py"], "releases": {"v0.26.0": {"status": "applies"}}}
         )
     )
     (folder / "patch.diff").write_text("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-a\n+b\n")

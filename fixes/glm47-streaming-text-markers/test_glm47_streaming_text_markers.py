@@ -28,16 +28,26 @@ def glm_dir(tmp_path_factory):
     return d
 
 
-@pytest.fixture()
-def glm(tree, glm_dir):
+def parser_for(glm_dir, name):
     from vllm.parser.parser_manager import ParserManager
     from vllm.tokenizers import get_tokenizer
 
     tokenizer = get_tokenizer(str(glm_dir))
     parser_cls = ParserManager.get_parser(
-        tool_parser_name="glm47", reasoning_parser_name="glm47", enable_auto_tools=True
+        tool_parser_name=name, reasoning_parser_name=name, enable_auto_tools=True
     )
     return tokenizer, parser_cls
+
+
+@pytest.fixture()
+def glm(tree, glm_dir):
+    return parser_for(glm_dir, "glm47")
+
+
+@pytest.fixture()
+def ling3(tree, glm_dir):
+    # Ling3 reuses glm47_moe_config: the opt-in must not change it.
+    return parser_for(glm_dir, "ling3")
 
 
 def as_special(tokenizer, marker):
@@ -144,3 +154,18 @@ def test_streaming_agrees_with_complete_parse_for_text_markers(glm, text_markers
             f"streaming ({chunk} token(s) per delta) disagrees with the complete parse "
             f"for markers written as text: {streamed}"
         )
+
+
+@pytest.mark.releases("v0.30.0")  # Ling3Parser is new in vLLM 0.30.0
+def test_ling3_which_reuses_the_glm_config_is_unchanged(ling3):
+    """Scope guard (passes before and after): ling3 builds its parser from the same config
+    function; the opt-in is named for glm47 and leaves ling3's streaming as it was."""
+    tokenizer, _ = ling3
+    prompt_ids = tokenizer.encode("<|user|>Weather in Paris?<|assistant|>", add_special_tokens=False)
+    ids = output_ids(tokenizer, text_markers=())
+    assert parse_streamed(ling3, ids, prompt_ids) == EXPECTED
+    # Markers as text after token ids are still content for ling3, as in the release.
+    ids = output_ids(tokenizer, ("<tool_call>", "</tool_call>"))
+    reasoning, content, calls = parse_streamed(ling3, ids, prompt_ids)
+    assert (reasoning, calls) == ("Let me check the weather.", [])
+    assert content.startswith("<tool_call>get_weather")

@@ -126,3 +126,31 @@ def test_decode_bucket_limit_counts_kernel_blocks(runner):
         runner.warmup_model()
     assert seen["num_hpu_blocks"] == NUM_BLOCKS * BPK
     assert manager.num_hpu_blocks == NUM_BLOCKS  # restored for prompt buckets
+
+
+@pytest.mark.releases("v0.30.0")  # the ecf7b431 cap is on vllm-gaudi main, not in v0.26.0
+@pytest.mark.red_raises("RuntimeError")
+def test_contiguous_pa_decode_of_a_request_in_a_high_kv_block(runner):
+    """Contiguous PA (the default without prefix caching): main caps the decode block bucket at
+    _PAD_BLOCK_ID + 1 blocks (ecf7b431), read as the size of the attention cache. With the pad
+    block counted in KV blocks that cap is NUM_BLOCKS + 1 kernel blocks, so a decode of a request
+    whose kernel block ids lie above it is refused although the cache holds them."""
+    from vllm.sampling_params import SamplingParams
+    from vllm_gaudi.v1.worker.hpu_input_batch import CachedRequestState
+
+    runner.use_contiguous_pa = True
+    batch = runner.input_batch
+    # KV block 11 = kernel blocks 55..59 of the (NUM_BLOCKS * BPK + 1)-kernel-block cache.
+    owner = CachedRequestState(req_id="r", prompt_token_ids=list(range(1, 301)), mm_features=[],
+                               sampling_params=SamplingParams(max_tokens=4), generator=None,
+                               block_ids=[[11], [11]], num_computed_tokens=300, output_token_ids=[7])
+    batch.add_request(owner)
+    runner.positions_cpu[0] = 300
+    decode, _ = runner._prepare_decode_inputs(1, [1])
+    block_list = decode.attn_metadata.block_list.tolist()
+    # Contiguous PA lays the cache out by block id: the request's kernel block 57 (token 300)
+    # sits at its own index, and the list reaches past it.
+    assert len(block_list) >= 58
+    assert block_list[57] == 57
+    slots = decode.attn_metadata.slot_mapping.flatten().tolist()
+    assert slots[0] == 57 * KERNEL + 300 % KERNEL

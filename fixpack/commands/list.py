@@ -44,6 +44,32 @@ def base_lines(profile) -> dict[str, dict]:
     return out
 
 
+def status_text(entry: dict | None, width: int = 110) -> str:
+    """One line for a fix's status on one release: ``refreshed: what moved``."""
+    if entry is None:
+        return "not evaluated"
+    said = entry.get("why") or entry.get("upstream") or entry.get("evidence") or ""
+    first = " ".join(str(said).split())
+    text = f"{entry['status']}: {first}" if first and entry["status"] != "applies" else entry["status"]
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def not_applied(pack, release: str) -> list:
+    """The pack's fixes whose fix.yaml records ``release`` as upstream or dropped."""
+    from fixpack.pack import load_fix
+
+    out = []
+    d = pack.root / "fixes"
+    for sub in sorted(d.iterdir()) if d.is_dir() else []:
+        if not (sub / "fix.yaml").is_file():
+            continue
+        fix = load_fix(sub)
+        entry = fix.releases.get(release)
+        if entry is not None and entry["status"] not in ("applies", "refreshed"):
+            out.append((fix, entry))
+    return out
+
+
 def run(args) -> int:
     from pathlib import Path
 
@@ -57,9 +83,9 @@ def run(args) -> int:
         if args.port:
             port = pack.port(args.port)
             rows += [(pack.fix(p, port=port), port_layer(port.name)) for p in port.patches]
-        rows += [(pack.fix(e.id, rel_dir=pack.entry_dir(profile, e)), "opt-in" if e.opt_in else "default") for e in profile.entries]
+        rows += [(pack.fix(e.id, release=name), "opt-in" if e.opt_in else "default") for e in profile.entries]
         bases = base_lines(profile)
-        entry = {"profile": name, "ports": pack.port_names(), "bases": bases, "fixes": []}
+        entry = {"profile": name, "ports": pack.port_names(), "bases": bases, "fixes": [], "not_applied": []}
         if not args.json:
             print(f"profile {name}  ({len(profile.entries)} fixes; ports: {', '.join(pack.port_names()) or 'none'})")
             for package, b in bases.items():
@@ -67,9 +93,19 @@ def run(args) -> int:
         for i, (fix, role) in enumerate(rows, 1):
             cpu = "" if fix.cpu_demonstrable else "  [device gate]"
             targets = ", ".join(fix.target_rels)
-            entry["fixes"].append({"order": i, "id": fix.id, "role": role, "kind": fix.kind, "targets": fix.target_rels, "cpu_demonstrable": fix.cpu_demonstrable, "summary": fix.meta["summary"]})
+            status = fix.status or {}
+            entry["fixes"].append({"order": i, "id": fix.id, "role": role, "kind": fix.kind, "targets": fix.target_rels, "cpu_demonstrable": fix.cpu_demonstrable, "summary": fix.meta["summary"], "status": status.get("status"), "status_why": status.get("why")})
             if not args.json:
-                print(f"{i:3d}. {fix.id:<34} {role:<8} {fix.kind:<7} {targets}{cpu}")
+                print(f"{i:3d}. {fix.id:<34} {role:<8} {fix.kind:<7} {status.get('status', '-'):<9} {targets}{cpu}")
+                if status.get("status") == "refreshed":
+                    print(f"{'':6}{status_text(status)}")
+        gone = not_applied(pack, name)
+        for fix, st in gone:
+            entry["not_applied"].append({"id": fix.id, "status": st["status"], "why": st.get("why"), "upstream": st.get("upstream"), "evidence": st.get("evidence")})
+        if gone and not args.json:
+            print(f"  not applied on {name} (fix.yaml releases.{name}):")
+            for fix, st in gone:
+                print(f"     {fix.id:<34} {status_text(st)}")
         out.append(entry)
     if args.json:
         emit_json(out)

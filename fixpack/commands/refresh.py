@@ -34,7 +34,7 @@ def run(args) -> int:
         for fix in fixes:
             if fix.kind != "diff":  # located by definition, not by line: nothing to refresh
                 sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
-                for rel, data in kinds.module(fix.kind).apply(fix.dir, sources).outputs.items():
+                for rel, data in kinds.module(fix.kind).apply(fix.change_dir, sources).outputs.items():
                     atomic_write(tree / rel, data, like=os.stat(tree / rel))
                 print(f"{fix.id:<36} {fix.kind}")
                 continue

@@ -30,19 +30,21 @@ def run(args) -> int:
     else:
         profile = next((pf for pf in map(pack.profile, pack.profile_names()) if any(e.id == args.fix for e in pf.entries)), None)
     entry = next((e for e in profile.entries if e.id == args.fix), None) if profile else None
-    if profile is not None and entry is None and port is None:
-        raise ConfigError(f"{args.fix!r} is not a fix of profile {profile.name} (its fixes: {', '.join(e.id for e in profile.entries)})")
-    try:
-        fix = pack.fix(args.fix, port=port, rel_dir=pack.entry_dir(profile, entry) if entry else None)
-    except ConfigError:
+    if not pack.fix_dir(args.fix, port).is_dir():
         known = sorted(p.name for p in (pack.root / "fixes").iterdir() if (p / "fix.yaml").exists())
-        raise ConfigError(f"unknown fix {args.fix!r}; known: {', '.join(known)}") from None
+        raise ConfigError(f"unknown fix {args.fix!r}; known: {', '.join(known)}")
+    if profile is not None and entry is None and port is None and args.profile and args.profile not in pack.fix(args.fix).releases:
+        raise ConfigError(f"{args.fix!r} is not a fix of profile {profile.name} (its fixes: {', '.join(e.id for e in profile.entries)})")
+    if port is None and entry is None:
+        profile = None  # a fix no profile applies now (retired everywhere): its description and releases
+    fix = pack.fix(args.fix, port=port, release=profile.name if profile else None)
     change, unavailable = _change(pack, profile, fix)
     if args.json:
         shown = {"profile": profile.name if profile else None, "diff": change.diff if change else None, "unavailable": unavailable}
         if change is not None:
             shown.update(after=change.prior, pin_problems=change.pin_problems)
-        emit_json(dict(fix.meta, folder=str(fix.dir), change=fix.change_file.read_text(), release_diff=shown))
+        change_text = fix.change_file.read_text() if fix.change_file.is_file() else None
+        emit_json(dict(fix.meta, folder=str(fix.dir), change_file=str(fix.change_file), change=change_text, release_diff=shown))
         return 0
     m = fix.meta
     print(f"{fix.id}  ({fix.kind}, {'CPU-demonstrable' if fix.cpu_demonstrable else 'device gate: ' + m['device_gate']['gate']})")
@@ -60,6 +62,15 @@ def run(args) -> int:
             if package in bases:
                 print(f"  base ({profile.name}) {package}: {bases[package]['text']}")
     print("  tests:   " + ", ".join(m["tests"]))
+    print("\n  releases (fix.yaml):")
+    for rel, st in fix.releases.items():
+        mark = "*" if profile is not None and rel == profile.name else " "
+        own = f"  change: {rel}/{fix.change_file.name}" if st["status"] == "refreshed" else ""
+        print(f"  {mark} {rel:<10} {st['status']}{own}")
+        for key in ("why", "upstream", "evidence"):
+            if st.get(key) and (key != "evidence" or st["status"] == "upstream"):
+                text = str(st[key]).strip().replace("\n", "\n               ")
+                print(f"               {key}: {text}")
     if change is not None and profile is not None:
         after = f", after {', '.join(change.prior)} (earlier in pack order, same files)" if change.prior else ""
         print(f"\n  the change on profile {profile.name}'s pinned release{after}:\n")
@@ -71,10 +82,12 @@ def run(args) -> int:
             print("  (the text it meets and its output are the lock's pinned bytes)")
     else:
         print(f"\n!!! the diff on the pinned release is not shown: {unavailable}")
-    if fix.kind != "diff" or change is None:
-        print(f"\n--- {fix.change_file.name}\n{fix.change_file.read_text()}")
+    if not fix.change_file.is_file():
+        pass  # no release applies a shared change, and no profile was named
+    elif fix.kind != "diff" or change is None:
+        print(f"\n--- {fix.change_file.relative_to(fix.dir)}\n{fix.change_file.read_text()}")
     else:
-        print(f"\n  written as {fix.change_file.name} in {fix.dir}")
+        print(f"\n  written as {fix.change_file.relative_to(fix.dir)} in {fix.dir}")
     return 0
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from fixpack.commands._common import pack_of
 from fixpack.errors import ConfigError, FixpackError
 from fixpack.locations import port_layer
+from fixpack.pack import Port
 
 
 def add_parser(sub):
@@ -17,13 +18,22 @@ def add_parser(sub):
     p.set_defaults(run=run)
 
 
-def _check_fix_dir(d: Path, layer: str, pack_root: Path) -> None:
-    from fixpack.pack import load_fix
+def _check_fix_dir(d: Path, layer: str, pack_root: Path):
+    """Load the fix as a whole and each release it applies on; returns the whole-fix view."""
+    from fixpack.pack import load_fix, release_view
 
-    fix = load_fix(d, layer=layer)
-    gate = (fix.meta.get("device_gate") or {}).get("gate")
+    whole = load_fix(d, layer=layer)
+    gate = (whole.meta.get("device_gate") or {}).get("gate")
     if gate and not (pack_root / gate.split()[0]).exists():
         raise ConfigError(f"{d / 'fix.yaml'}: device_gate.gate names {gate.split()[0]}, which does not exist")
+    for release, st in whole.releases.items():
+        if st["status"] in ("applies", "refreshed"):
+            _check_change(release_view(whole, release))
+    return whole
+
+
+def _check_change(fix) -> None:
+    """The release's change file parses and changes exactly the declared targets."""
     if fix.kind == "diff":
         from fixpack.diffpatch import parse_diff
 
@@ -37,7 +47,7 @@ def _check_fix_dir(d: Path, layer: str, pack_root: Path) -> None:
         from fixpack.kinds.edit import load
 
         try:
-            named = {e.target for e in load(fix.dir)}
+            named = {e.target for e in load(fix.change_dir)}
         except ChangeError as exc:
             raise ConfigError(str(exc)) from exc
         if named != set(fix.target_rels):
@@ -51,12 +61,14 @@ def _check_fix_dir(d: Path, layer: str, pack_root: Path) -> None:
             raise ConfigError(f"{fix.change_file}: does not parse: {exc.msg} at line {exc.lineno}") from exc
 
 
-def _own_fix_dirs(pack):
-    for name in pack.profile_names():
-        try:
-            yield pack.profile(name).fixes_dir
-        except FixpackError:
-            continue  # a malformed profile is reported with the profiles below
+def _listed(pack, release: str, port=None) -> set[str] | None:
+    """The fix ids the order file of ``release`` (a profile, or a port on it) names; None when
+    that release has no profile in this pack (an older or newer release: history only)."""
+    if port is not None:
+        return set(port.patches)
+    if release not in pack.profile_names():
+        return None
+    return {e.id for e in pack.profile(release).entries}
 
 
 def run(args) -> int:
@@ -64,8 +76,13 @@ def run(args) -> int:
     pack = pack_of(args)
     errors: list[str] = []
     checked = 0
-    own = sorted(set(_own_fix_dirs(pack)) - {"fixes"})  # profiles' own fix folders
-    for base, layer in [(pack.root / "fixes", "profile")] + [(pack.root / d, "profile") for d in own] + [(pack.root / "ports" / n / "fixes", port_layer(n)) for n in pack.port_names()]:
+    bases: list[tuple[Path, str, Port | None]] = [(pack.root / "fixes", "profile", None)]
+    for n in pack.port_names():
+        try:
+            bases.append((pack.root / "ports" / n / "fixes", port_layer(n), pack.port(n)))
+        except FixpackError as exc:
+            errors.append(str(exc))
+    for base, layer, port in bases:
         if not base.is_dir():
             continue
         for d in sorted(base.iterdir()):
@@ -73,7 +90,16 @@ def run(args) -> int:
                 continue
             checked += 1
             try:
-                _check_fix_dir(d, layer, pack.root)
+                whole = _check_fix_dir(d, layer, pack.root)
+                # each release the fix says it applies on lists it; a port's fix applies on the port's profile
+                if port is not None and port.profile not in whole.releases:
+                    raise ConfigError(f"{d / 'fix.yaml'}: releases has no entry {port.profile!r}, the profile port {port.name} is built on")
+                for release, st in whole.releases.items():
+                    on_port = port is not None and release == port.profile
+                    listed = _listed(pack, release, port if on_port else None)
+                    if listed is not None and st["status"] in ("applies", "refreshed") and whole.id not in listed:
+                        order = port.dir / "port.yaml" if port is not None and on_port else pack.root / "profiles" / f"{release}.yaml"
+                        raise ConfigError(f"{d / 'fix.yaml'}: releases.{release} is {st['status']}, but {order} does not list {whole.id}")
             except FixpackError as exc:
                 errors.append(str(exc))
     profiles = [args.profile] if args.profile else pack.profile_names()

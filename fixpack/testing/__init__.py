@@ -15,6 +15,9 @@ import types
 from pathlib import Path
 
 TREE_ENV = "FIXPACK_TREE"
+# The release (profile name) the tree under test is; `fixpack check` sets it. Tests marked
+# ``releases("v0.30.0", ...)`` run only on the releases they name (fixpack.testing.plugin).
+RELEASE_ENV = "FIXPACK_RELEASE"
 
 
 class _Inert:

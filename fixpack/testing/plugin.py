@@ -3,6 +3,12 @@
 Gives the fixture ``tree``: the release tree under test (FIXPACK_TREE), already first on
 sys.path with the hardware stubbed.
 
+Registers the marker ``releases("v0.30.0", ...)``: the test runs only when the tree under test
+is one of these releases (FIXPACK_RELEASE, set by `fixpack check` from the profile); on any
+other release it is deselected, so one test file serves every release of its fix. Without
+FIXPACK_RELEASE (a tree given by hand) a marked test runs only if FIXPACK_RELEASE is set to
+one of its releases: set it as `fixpack check` does.
+
 Registers the marker ``red_raises("ExcType", ...)``: on the tree before the fix this test may
 fail by raising that exception (the defect itself is the exception, e.g. an IndexError in the
 sampler) rather than by a failed assertion. Name the type as a string: pytest takes a marker
@@ -22,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from fixpack.testing import tree_from_env, use_tree
+from fixpack.testing import RELEASE_ENV, tree_from_env, use_tree
 
 REPORT_ENV = "FIXPACK_TEST_REPORT"
 _ASSERT_HELPERS = ("/torch/testing/", "/numpy/testing/", "/_pytest/")
@@ -35,11 +41,44 @@ def tree():
     return use_tree(tree_from_env())
 
 
+@pytest.fixture(scope="session")
+def release():
+    """The release (profile name) the tree under test is, for a test whose set-up differs by
+    release; None when FIXPACK_RELEASE is not set."""
+    return os.environ.get(RELEASE_ENV) or None
+
+
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "releases(*names): run this test only on these releases (profile names; FIXPACK_RELEASE); deselected on the others",
+    )
     config.addinivalue_line(
         "markers",
         "red_raises(*names): before the fix this test may fail by raising one of these exceptions (the defect), not only by an assertion",
     )
+
+
+def releases_of(item) -> set[str] | None:
+    """The releases a test is marked for (None: unmarked, every release)."""
+    marks = list(item.iter_markers("releases"))
+    if not marks:
+        return None
+    names: set[str] = set()
+    for mark in marks:
+        names.update(str(a) for a in mark.args)
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    release = os.environ.get(RELEASE_ENV)
+    keep, drop = [], []
+    for item in items:
+        named = releases_of(item)
+        (keep if named is None or release in named else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _first_line(text: str, limit: int = 200) -> str:

@@ -114,7 +114,7 @@ def test_the_v030_profile_gets_release_pins_from_a_stand_in_clone(tmp_path):
     release = B.repo_of(dev_tree, tmp_path / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("releases/v0.30.0 stand-in\n"))
     pack = tmp_path / "pack"
     shutil.copytree(REPO / "profiles", pack / "profiles")
-    for name in ("fixpack", "fixes", "fixes-v0.30.0", "ports", "recipes"):
+    for name in ("fixpack", "fixes", "ports", "recipes"):
         if (REPO / name).exists():
             (pack / name).symlink_to(REPO / name, target_is_directory=True)
     prof = pack / "profiles" / "v0.30.0.yaml"

@@ -86,3 +86,67 @@ def test_locate_under_a_root_and_through_the_import_system(tmp_path):
     found = fastpath.locate(["fixpack"], None)
     assert found is not None and found["fixpack"].endswith("fixpack")
     assert fastpath.locate(["no_such_package_here"], None) is None
+
+
+def _relayout(root, release_dir: bool):
+    """What the fix-centric layout did to a pack: fix.yaml rewritten (releases: and its prose),
+    a change file moved into the release's folder, the change itself byte for byte the same."""
+    d = root / "fixes" / "fix-one"
+    text = (
+        (d / "fix.yaml")
+        .read_text()
+        .replace("why: a synthetic defect", "why: the same synthetic defect, described again")
+    )
+    if release_dir:
+        (d / "test").mkdir()
+        (d / "patch.diff").rename(d / "test" / "patch.diff")
+        text = text.replace(
+            '"releases": {"test": {"status": "applies"}}',
+            '"releases": {"test": {"status": "refreshed", "why": "moved"}}',
+        )
+        text = text.replace(
+            'releases: {"test": {"status": "applies"}}', 'releases: {"test": {"status": "refreshed", "why": "moved"}}'
+        )
+    (d / "fix.yaml").write_text(text)
+
+
+@pytest.mark.parametrize("release_dir", [False, True], ids=["fix.yaml-rewritten", "change-moved-to-release-folder"])
+def test_an_image_applied_with_the_old_layout_is_still_recognised_after_the_relock(applied, release_dir):
+    """An image whose state record names a fix's hash from before the layout change: the lock,
+    re-made with the same pins, keeps that hash as `earlier`, so the container-start check, the
+    full engine's apply and `fixpack verify` all see the image as applied, and nothing is rewritten."""
+    from testing.builders import write_lock
+
+    root, tree = applied
+    state_before = (tree / ".fixpack" / "state.json").read_bytes()
+    old_hash = json.loads((root / "profiles" / "test.lock.json").read_text())["fixes"]["fix-one"]["hash"]
+    _relayout(root, release_dir)
+    assert check(root, tree) is None  # the lock is not re-made yet: the pack and the lock disagree
+    write_lock(root)
+    lock = json.loads((root / "profiles" / "test.lock.json").read_text())
+    assert lock["fixes"]["fix-one"]["earlier"] == [old_hash] and lock["fixes"]["fix-one"]["hash"] != old_hash
+    sel = check(root, tree)
+    assert sel is not None and [s["fix"] for s in sel["steps"]] == ["fix-one", "fix-two"]
+    r = fixpack("apply", "--profile", "test", "--root", str(tree), pack=root)
+    assert r.returncode == 0 and "already applied" in r.stdout, r.stdout + r.stderr
+    assert (tree / ".fixpack" / "state.json").read_bytes() == state_before
+    v = fixpack("verify", "--profile", "test", "--root", str(tree), pack=root)
+    assert v.returncode == 0 and "no drift" in v.stdout, v.stdout + v.stderr
+
+
+def test_without_the_earlier_hash_the_old_image_is_re_applied_to_the_same_pins(applied):
+    """A lock made from scratch (no previous lock to carry from) does not know the old hash: the
+    image is not taken as applied, and `fixpack apply` re-applies it to exactly the same bytes."""
+    from testing.builders import write_lock
+
+    root, tree = applied
+    files = {p: p.read_bytes() for p in (tree / "pkg_a").rglob("*.py")}
+    _relayout(root, False)
+    (root / "profiles" / "test.lock.json").unlink()
+    write_lock(root)
+    assert check(root, tree) is None
+    r = fixpack("apply", "--profile", "test", "--root", str(tree), pack=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fix-one" in r.stdout
+    assert {p: p.read_bytes() for p in files} == files
+    assert check(root, tree) is not None

@@ -42,6 +42,7 @@ def fix(**over):
         "upstream": None,
         "remove_when": "never",
         "tests": ["test_a.py"],
+        "releases": {"v1": {"status": "applies"}},
     }
     data.update(over)
     return data

@@ -187,7 +187,7 @@ def test_the_dockerfile_installs_this_port_where_the_recipe_expects_it():
         assert f"ARG {arg}=1" in text and f"{arg}=${{{arg}}}" in text  # as served, unless the build says otherwise
     ignored = [line for line in (PORT_DIR / "Dockerfile.dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     needed = ["apply_all.py", "fixes/apply_all.py", "profiles/v0.30.0.yaml", "fixpack/__init__.py", "ports/glm-5-mxfp4/port.yaml",
-              "ports/glm-5-mxfp4/install.sh", "scripts/port-install.sh", "ports/glm-5-mxfp4/glm5_hpu/switches.py", "fixes-v0.30.0/vllm-long-prefill-share"]
+              "ports/glm-5-mxfp4/install.sh", "scripts/port-install.sh", "ports/glm-5-mxfp4/glm5_hpu/switches.py", "fixes/vllm-long-prefill-share"]
     import fnmatch
 
     for rel in needed:

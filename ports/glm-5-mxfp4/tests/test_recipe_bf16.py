@@ -137,9 +137,9 @@ def test_check_says_why_the_placement_file_is_missing(capsys):
     assert rules.missing_file_note("ports/glm-5-mxfp4/serving/other.json") is None
 
 
-def test_check_finds_an_opt_in_in_its_profiles_own_folder():
-    """v0.30.0 keeps vllm-long-prefill-share under fixes-v0.30.0/ only; the check looked in fixes/."""
-    assert not (REPO / "fixes" / "vllm-long-prefill-share").exists()
+def test_check_finds_an_opt_in_that_applies_on_its_release_only():
+    """vllm-long-prefill-share applies on v0.30.0 only (fix.yaml releases:); the check finds it."""
+    assert (REPO / "fixes" / "vllm-long-prefill-share" / "fix.yaml").is_file()
     assert _check()["fix vllm-long-prefill-share"]["detail"] == "opt-in of v0.30.0"
 
 
