@@ -9,15 +9,15 @@
 #    pack whose v0.30.0 lock pins vllm-gaudi only on its development base (main 091bbad, see
 #    profiles/v0.30.0.yaml) refuses every image: run `fixpack lock --profile v0.30.0` where the
 #    releases/v0.30.0 repository is reachable first.
-# 2. Checks the MXFP4 MoE kernels before anything is changed. GLM_MXK and GLM_MXK_PREFILL (the
-#    port's switches, as the launch block sets them: 1) say whether the served image needs them.
-#    The kernels' sources and build script are written (kernels/mxfp4-moe/, build.sh --variant
-#    glm) but nothing in glm5_hpu dispatches to them yet, so with either switch at 1 the install
-#    stops here (exit 20, nothing changed) rather than build kernels nothing would call; with both
-#    at 0 the image serves the reference MXFP4 path (glm5_hpu/moe_mxfp4.py) and needs no kernel.
+# 2. Builds the MXFP4 MoE kernels before anything is changed, when the served image needs them:
+#    GLM_MXK and GLM_MXK_PREFILL (the port's switches, as the launch block sets them: 1) say
+#    whether it does. With either at 1, kernels/mxfp4-moe/build.sh --variant glm builds them
+#    (it writes only into its own build/ folder; glm5_hpu/hpu_mxk.py dispatches to the library it
+#    makes); where it cannot (no TPC toolchain or Gaudi software: exit 3) the install stops here
+#    (exit 20, nothing changed). With both at 0 the image serves vllm-gaudi's stock MXFP4 MoE op
+#    and needs no kernel.
 # 3. Applies the port's source patches with fixpack: selection "--port glm-5-mxfp4", i.e. the
 #    port's patches, then the profile's defaults.
-# 4. (The kernel build, `build.sh --variant glm`, belongs here once the dispatch exists.)
 # 5. Installs the port package (glm5_hpu and the converter glm5_mxfp4: pip install --no-deps
 #    ports/glm-5-mxfp4; with --root, into DIR with --target). The package must declare the
 #    glm5_hpu vllm.general_plugins entry point; without it the install stops before any change
@@ -27,7 +27,7 @@
 #
 # Exit codes: 0 installed; 2 usage, or the cookbook/python is incomplete; otherwise the base is
 # refused with fixpack's own code (3 base mismatch, 5 drift, ...) and nothing is changed;
-# 20 the kernels are needed (GLM_MXK or GLM_MXK_PREFILL = 1) and not dispatched yet (nothing
+# 20 the kernels are needed (GLM_MXK or GLM_MXK_PREFILL = 1) and could not be built (nothing
 # changed); 22 the plugin cannot be installed (nothing changed when found
 # before step 3); 23 the final check failed.
 set -euo pipefail
@@ -61,9 +61,13 @@ port_check_base ", or this pack cannot pin it"
 
 # ---- 2. kernels, before any change
 if [[ "$MXK" == 1 || "$MXK_PREFILL" == 1 ]]; then
-  die 20 "GLM_MXK=$MXK GLM_MXK_PREFILL=$MXK_PREFILL need the MXFP4 MoE kernels and their dispatch: the kernels' sources and build script are in ports/$PORT/kernels/mxfp4-moe/ (not yet built or run on a card), but nothing in glm5_hpu calls them yet; set GLM_MXK=0 GLM_MXK_PREFILL=0 to install the reference path. Nothing was changed"
+  say "GLM_MXK=$MXK GLM_MXK_PREFILL=$MXK_PREFILL: building the MXFP4 MoE kernels (kernels/mxfp4-moe/build.sh --variant glm)"
+  built=0
+  PYTHON="$PYTHON" bash "$HERE/kernels/mxfp4-moe/build.sh" --variant glm || built=$?
+  (( built == 0 )) || die 20 "GLM_MXK=$MXK GLM_MXK_PREFILL=$MXK_PREFILL need the MXFP4 MoE kernels, and ports/$PORT/kernels/mxfp4-moe/build.sh could not build them here (exit $built: 3 is no TPC toolchain or Gaudi software); set GLM_MXK=0 GLM_MXK_PREFILL=0 to install vllm-gaudi's stock MXFP4 MoE path. Nothing was changed"
+else
+  say "GLM_MXK=0 GLM_MXK_PREFILL=0: no kernels (vllm-gaudi's stock MXFP4 MoE op serves)"
 fi
-say "GLM_MXK=0 GLM_MXK_PREFILL=0: no kernels (the reference MXFP4 path serves)"
 
 # ---- 3. the port's patches (and the profile's defaults under them)
 say "applying port $PORT on profile $PROFILE"
@@ -77,4 +81,4 @@ fi
 
 # ---- 6. everything again
 port_recheck glm5_hpu
-say "port $PORT installed (MXFP4 MoE: reference path; plugin: $([[ $PLUGIN == 1 ]] && echo glm5_hpu || echo 'not installed'))"
+say "port $PORT installed (MXFP4 MoE: $([[ "$MXK" == 1 || "$MXK_PREFILL" == 1 ]] && echo 'GLM kernels built' || echo "vllm-gaudi's stock op"); plugin: $([[ $PLUGIN == 1 ]] && echo glm5_hpu || echo 'not installed'))"

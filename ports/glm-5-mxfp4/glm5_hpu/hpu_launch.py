@@ -7,7 +7,9 @@ What the switches mean on this platform (port.yaml has the full meaning):
   attention there); a ``--max-model-len`` above that is refused, since vllm-gaudi's MLA path has no
   top-k yet. ``0``: dense MLA at every length, as vllm-gaudi serves DSA.
 * ``GLM_MXK`` / ``GLM_MXK_PREFILL``: ``0`` = vllm-gaudi's stock MXFP4 MoE op; ``1`` (and auto,
-  which means the kernels on HPU) = the GLM kernels, whose dispatch is not built: refused.
+  which means the kernels on HPU) = the GLM kernels for decode-sized / 256- to 4,096-token calls
+  (glm5_hpu/hpu_mxk.py): their built library, or on the Habana emulation their operation order in
+  PyTorch; refused where neither is there.
 * ``GLM_MOE_TP`` > 1, ``GLM_MOE_PLACEMENT``: not built on HPU: refused.
 * ``GLM_ROUTER_FAST=1``: vllm-gaudi's own routing (grouped top-k with the correction bias, on the
   device; the emulation counts no host synchronisation inside a decode step). ``0`` (the CPU
@@ -22,9 +24,11 @@ from .dsa import SEED_THRESHOLD
 from .switches import Switches, resolve_auto
 
 
-def hpu_not_built(switches: Switches, *, max_model_len: int, speculative: bool) -> list[str]:
+def hpu_not_built(switches: Switches, *, max_model_len: int, speculative: bool,
+                  kernels_missing: str | None = None) -> list[str]:
     """Each switch whose requested path vllm-gaudi's runner does not have with this port, as
-    ``"GLM_X=v: why; set ..."``; empty when the launch can be served as asked."""
+    ``"GLM_X=v: why; set ..."``; empty when the launch can be served as asked. ``kernels_missing``:
+    why the MXFP4 MoE kernels cannot run here (glm5_hpu/hpu_mxk.py ``kernels()``), None when they can."""
     problems = []
     if switches.dsa_sparse and max_model_len > SEED_THRESHOLD:
         problems.append(
@@ -33,11 +37,9 @@ def hpu_not_built(switches: Switches, *, max_model_len: int, speculative: bool) 
             f"built on HPU. Use --max-model-len <= {SEED_THRESHOLD}, or GLM_DSA_SPARSE=0 for dense attention at "
             "every length")
     for name, value in (("GLM_MXK", switches.mxk), ("GLM_MXK_PREFILL", switches.mxk_prefill)):
-        if resolve_auto(value, on_hpu=True):
+        if resolve_auto(value, on_hpu=True) and kernels_missing is not None:
             shown = "auto (the kernels on HPU)" if value is None else "1"
-            problems.append(
-                f"{name}={shown}: the GLM MXFP4 MoE kernels are not dispatched by glm5_hpu on HPU yet; "
-                f"set {name}=0 for vllm-gaudi's stock MXFP4 MoE op")
+            problems.append(f"{name}={shown}: {kernels_missing}; set {name}=0 for vllm-gaudi's stock MXFP4 MoE op")
     if switches.moe_tp != 1:
         problems.append(
             f"GLM_MOE_TP={switches.moe_tp}: the expert-group x tensor-parallel layout is not built on HPU; "

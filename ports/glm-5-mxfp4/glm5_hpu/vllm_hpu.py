@@ -20,12 +20,18 @@ from __future__ import annotations
 
 import logging
 
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
 
 from .hpu_launch import hpu_not_built
+from .hpu_mxk import GlmMxkMoEOp, kernels
 from .router_config import fill_router_defaults
-from .switches import SwitchError, Switches, read_switches
+from .switches import SwitchError, Switches, read_switches, resolve_auto
+
+#: quantization_config["converter"] starts with this for the port's checkpoints
+CONVERTER = "glm5_mxfp4"
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +39,11 @@ logger = logging.getLogger(__name__)
 def check_launch(vllm_config) -> Switches:
     """The switches of this launch, or SwitchError listing every one that cannot be served."""
     switches = read_switches()
+    wants_kernels = resolve_auto(switches.mxk, on_hpu=True) or resolve_auto(switches.mxk_prefill, on_hpu=True)
+    found = kernels() if wants_kernels else None
     problems = hpu_not_built(switches, max_model_len=vllm_config.model_config.max_model_len,
-                             speculative=vllm_config.speculative_config is not None)
+                             speculative=vllm_config.speculative_config is not None,
+                             kernels_missing=found if isinstance(found, str) else None)
     if problems:
         raise SwitchError("glm5_hpu on HPU cannot serve this launch as asked:\n  " + "\n  ".join(problems))
     return switches
@@ -67,3 +76,55 @@ class GlmMoeDsaHpuMTP(DeepSeekMTP):
         spec = vllm_config.speculative_config
         _fill(vllm_config.model_config, spec.draft_model_config if spec is not None else None)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+
+
+# ------------------------------------------------------------------ GLM_MXK / GLM_MXK_PREFILL
+class Glm5Mxfp4HpuConfig(Mxfp4Config):
+    """vLLM's Mxfp4Config; the routed experts of a checkpoint the glm5_mxfp4 converter wrote get
+    vllm-gaudi's MXFP4 MoE method (the port's patch mxfp4-moe-non-gpt-oss) with the GLM kernels
+    dispatched by call size when GLM_MXK / GLM_MXK_PREFILL ask for them (glm5_hpu/hpu_mxk.py).
+    Any other mxfp4 checkpoint is vLLM's and vllm-gaudi's as before."""
+
+    def __init__(self, ignored_layers=None, glm5_converter: str | None = None):
+        super().__init__(ignored_layers)
+        self.glm5_converter = glm5_converter
+
+    @classmethod
+    def from_config(cls, config):
+        conv = config.get("converter")
+        return cls(glm5_converter=conv if isinstance(conv, str) and conv.startswith(CONVERTER) else None)
+
+    def _make_moe_method(self, moe):
+        method = super()._make_moe_method(moe)
+        if self.glm5_converter:
+            switches = read_switches()
+            decode = resolve_auto(switches.mxk, on_hpu=True)
+            prefill = resolve_auto(switches.mxk_prefill, on_hpu=True)
+            if decode or prefill:
+                _dispatch_kernels(method, decode=decode, prefill=prefill)
+        return method
+
+
+def _dispatch_kernels(method, *, decode: bool, prefill: bool) -> None:
+    """After vllm-gaudi's weight set-up of ``method`` (its stock MXFP4 op in ``layer.moe_op``), wrap
+    that op so the calls the switches name run on the GLM kernels."""
+    found = kernels()
+    if isinstance(found, str):  # check_launch refused this before the model was built
+        raise SwitchError(f"GLM_MXK / GLM_MXK_PREFILL: {found}")
+    set_up = method.process_weights_after_loading
+
+    def process_weights_after_loading(layer) -> None:
+        set_up(layer)
+        experts = (layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data,
+                   layer.w2_weight_scale.data)
+        layer.moe_op = GlmMxkMoEOp(layer.moe_op, found, experts, decode=decode, prefill=prefill)
+
+    method.process_weights_after_loading = process_weights_after_loading
+    logger.info("glm5_hpu: MXFP4 MoE with the GLM kernels (%s): decode %s, prefill unpack %s", found.where,
+                decode, prefill)
+
+
+def register_quantization() -> None:
+    """Make "mxfp4" resolve to Glm5Mxfp4HpuConfig (vllm-gaudi's platform must accept the name: the
+    port's patch mxfp4-quant-on-hpu)."""
+    register_quantization_config("mxfp4")(Glm5Mxfp4HpuConfig)

@@ -16,7 +16,9 @@ draft ``DeepseekV32MTPModel``, generic implementation off CUDA); what it lacks i
   speculative decoding in torch (vLLM's is a Triton kernel, which its CPU build cannot run).
 * on HPU (vllm-gaudi's platform): vLLM's model with the router keys transformers' config lacks
   and the launch's switches checked (glm5_hpu/vllm_hpu.py); attention is vllm-gaudi's MLA backend
-  and the MXFP4 experts go through vllm-gaudi's MXFP4 MoE op with the port's patches. Built and
+  and the MXFP4 experts go through vllm-gaudi's MXFP4 MoE op with the port's patches, with the
+  GLM kernels for the calls GLM_MXK / GLM_MXK_PREFILL name (glm5_hpu/hpu_mxk.py). Importing
+  glm5_hpu.vllm_hpu imports vLLM's model code: it is done when the platform is HPU only. Built and
   run on the profile's development base (vllm-gaudi main 091bbad with vLLM 0.27.0, whose MTP
   draft class is ``DeepSeekMTP``), on the Habana emulation only.
 
@@ -54,6 +56,9 @@ def register() -> None:
 
         for arch, target in HPU_ARCHITECTURES.items():
             ModelRegistry.register_model(arch, target)
+        from .vllm_hpu import register_quantization as register_hpu_quantization
+
+        register_hpu_quantization()
         if not _registered:
             logger.info("glm5_hpu: registered the HPU model for %s", ", ".join(HPU_ARCHITECTURES))
         _registered = True

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from glm5_hpu.hpu_launch import hpu_not_built
 from glm5_hpu.router_config import ROUTER_DEFAULTS, fill_router_defaults, is_glm_moe_dsa
 from glm5_hpu.switches import read_switches
@@ -15,8 +14,12 @@ from glm5_hpu.switches import read_switches
 SERVED = dict(GLM_MXK="0", GLM_MXK_PREFILL="0", GLM_EARLY_DRAFT="0", GLM_SPEC_DEVICE_REJECT="0")
 
 
-def _problems(env, max_model_len=4096, speculative=True):
-    return hpu_not_built(read_switches(env), max_model_len=max_model_len, speculative=speculative)
+NO_KERNELS = "the MXFP4 MoE kernels are not built"
+
+
+def _problems(env, max_model_len=4096, speculative=True, kernels_missing=NO_KERNELS):
+    return hpu_not_built(read_switches(env), max_model_len=max_model_len, speculative=speculative,
+                         kernels_missing=kernels_missing)
 
 
 def test_what_is_built_passes():
@@ -41,6 +44,15 @@ def test_each_path_not_built_is_named_with_what_to_set(change, named):
     problems = _problems({**SERVED, **change})
     assert len(problems) == 1 and problems[0].startswith(named), problems
     assert "set" in problems[0] or "unset" in problems[0]
+
+
+def test_kernel_switches_pass_where_the_kernels_can_run_and_say_why_not_elsewhere():
+    env = {**SERVED, "GLM_MXK": "1", "GLM_MXK_PREFILL": ""}
+    assert _problems(env, kernels_missing=None) == []
+    problems = _problems(env)
+    assert problems == [f"GLM_MXK=1: {NO_KERNELS}; set GLM_MXK=0 for vllm-gaudi's stock MXFP4 MoE op",
+                        f"GLM_MXK_PREFILL=auto (the kernels on HPU): {NO_KERNELS}; set GLM_MXK_PREFILL=0 for "
+                        "vllm-gaudi's stock MXFP4 MoE op"]
 
 
 def test_decode_levers_mean_nothing_without_speculation():

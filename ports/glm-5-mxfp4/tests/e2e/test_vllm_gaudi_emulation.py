@@ -66,7 +66,7 @@ from hpu_harness.compare import greedy_reference  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 8
-MAX_LEN = 128
+MAX_LEN = 512
 TIE = 0.02
 PLUGIN = "glm5_hpu=glm5_hpu.vllm_plugin:register"
 SWITCHES = ("GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT",
@@ -75,10 +75,13 @@ SWITCHES = ("GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_M
 # parallelism, vllm-gaudi's routing, vLLM's drafting and rejection.
 SERVED = dict(GLM_DSA_SPARSE=1, GLM_MXK=0, GLM_MXK_PREFILL=0, GLM_MOE_TP=1, GLM_ROUTER_FAST=1,
               GLM_EARLY_DRAFT=0, GLM_SPEC_DEVICE_REJECT=0)
-# dense reference attention (index_topk = the whole window); the head sizes of the CPU e2e
-OVERRIDES = dict(index_topk=MAX_LEN, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=96)
+# dense reference attention (index_topk = the whole window); the head sizes of the CPU e2e; a
+# window long enough for a MoE call of GLM_MXK_PREFILL's size
+OVERRIDES = dict(index_topk=MAX_LEN, max_position_embeddings=MAX_LEN, kv_lora_rank=512, qk_rope_head_dim=64,
+                 index_head_dim=96)
+# the last prompt's prefill is a MoE call of at least 256 rows (GLM_MXK_PREFILL's range)
 PROMPTS = [[24, 124, 7, 228, 213, 99], [155, 195, 196, 0, 178, 114, 68, 184, 205], [47, 161, 185, 220],
-           [1, 2, 3, 4], list(range(60, 100))]
+           [1, 2, 3, 4], list(range(60, 100)), [(7 * i) % 255 + 1 for i in range(300)]]
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +177,7 @@ def _serve(tree, model, monkeypatch, *, alone=True, engine_args=(), extra=(), pr
             "--max-tokens", str(NEW_TOKENS), "--plugin", PLUGIN, "--path", str(PORT)]
     args += (["--alone"] if alone else []) + list(extra)
     for item in ("dtype=bfloat16", "skip_tokenizer_init=true", f"max_model_len={MAX_LEN}",
-                 "enable_prefix_caching=false", "disable_log_stats=false", *engine_args):
+                 f"max_num_batched_tokens={MAX_LEN}", "enable_prefix_caching=false", "disable_log_stats=false", *engine_args):
         args += ["--engine-arg", item]
     return generate.run(args, prelude=prelude)
 
@@ -190,18 +193,49 @@ K.mixture_of_experts_mxfp4_fused = M.mixture_of_experts_mxfp4_fused = _next_expe
 """
 
 
-def test_mxfp4_experts_on_vllm_gaudis_own_op_match_transformers(tree, ckpt, reference, monkeypatch):
-    proc, result = _serve(tree, ckpt[1], monkeypatch)
+@pytest.fixture(scope="module")
+def stock(tree, ckpt):
+    """The served switches (GLM_MXK=0, GLM_MXK_PREFILL=0: vllm-gaudi's stock MXFP4 op), with the top-5
+    logprobs of every greedy token."""
+    with pytest.MonkeyPatch.context() as mp:
+        proc, result = _serve(tree, ckpt[1], mp, extra=["--logprobs", "5"])
     assert result is not None, proc.stderr[-6000:]
+    return result
+
+
+def _steps(result, kind):
+    return [s for s in result["steps"] if s["label"].startswith(kind)]
+
+
+def test_mxfp4_experts_on_vllm_gaudis_own_op_match_transformers(stock, reference):
+    result = stock
     assert result["model_class"] == "glm5_hpu.vllm_hpu:GlmMoeDsaHpuForCausalLM"
     assert result["moe"] == ["HPUMxfp4MoEMethod/VllmMixtureOfExpertsOpMXFP4"]
     assert result["backend"] == "HPUMLAAttentionBackend"
     reference.check_divergence(result["batched"], TIE)
     reference.check_divergence(result["alone"], TIE)
-    decode = [s for s in result["steps"] if s["label"].startswith("decode")]
+    decode = _steps(result, "decode")
     assert decode and all(s["graph_calls"] >= 1 and s["syncs_in_graph"] == [] for s in decode), decode
     # the MoE runs on the op, every MoE layer in every step
     assert all(s["op_names"].get("mixture_of_experts") == 2 for s in result["steps"]), result["steps"]
+
+
+def test_glm_kernels_dispatched_by_call_size_keep_the_tokens(tree, ckpt, reference, stock, monkeypatch):
+    """GLM_MXK=1, GLM_MXK_PREFILL=1 (the seed's values), the kernels as their emulation: decode steps
+    run the GEMV path (no stock MoE op in them, nothing read back inside the captured step); the
+    long prompt's prefill (a call of 256 rows or more) runs the unpack path, bit-identical to the
+    stock op, so every first token's logprobs equal the stock run's exactly; the greedy tokens
+    match the reference, batched and alone."""
+    proc, result = _serve(tree, ckpt[1], monkeypatch, extra=["--logprobs", "5"], GLM_MXK=1, GLM_MXK_PREFILL=1)
+    assert result is not None, proc.stderr[-6000:]
+    assert result["moe"] == ["HPUMxfp4MoEMethod/GlmMxkMoEOp"]
+    reference.check_divergence(result["batched"], TIE)
+    reference.check_divergence(result["alone"], TIE)
+    decode = _steps(result, "decode")
+    assert decode and all("mixture_of_experts" not in s["op_names"] and s["syncs_in_graph"] == [] for s in decode)
+    rows = [int(s["label"].split()[1].split("x")[1]) for s in _steps(result, "prefill")]
+    assert max(rows) >= 256, rows  # the long prompt's prefill is an unpack-path call
+    assert [steps[0] for steps in result["logprobs"]] == [steps[0] for steps in stock["logprobs"]]
 
 
 def test_negative_control_experts_swapped_part_from_the_reference(tree, ckpt, reference, monkeypatch):
