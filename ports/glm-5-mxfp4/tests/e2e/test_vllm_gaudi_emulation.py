@@ -238,6 +238,26 @@ def test_glm_kernels_dispatched_by_call_size_keep_the_tokens(tree, ckpt, referen
     assert [steps[0] for steps in result["logprobs"]] == [steps[0] for steps in stock["logprobs"]]
 
 
+def test_expert_parallel_on_two_ranks_with_the_glm_kernels(tree, ckpt, reference, monkeypatch):
+    """Expert parallelism over two ranks (worker processes, the emulation's hccl), GLM_MXK=1 and
+    GLM_MXK_PREFILL=1: each rank holds 4 of the 8 experts of each MoE layer (vllm-gaudi's EP shift),
+    and the greedy tokens still match the reference, batched and alone. GLM_MOE_TP stays 1."""
+    engine = ["tensor_parallel_size=2", "distributed_executor_backend=mp", "enable_expert_parallel=true"]
+    proc, result = _serve(tree, ckpt[1], monkeypatch, engine_args=engine, extra=["--probe-param", "experts.w13_weight"],
+                          GLM_MXK=1, GLM_MXK_PREFILL=1)
+    assert result is not None, proc.stderr[-6000:]
+    reference.check_divergence(result["batched"], TIE)
+    reference.check_divergence(result["alone"], TIE)
+    workers = sorted(result["workers"], key=lambda w: w["tp_rank"])
+    assert [w["tp_rank"] for w in workers] == [0, 1] and len({w["pid"] for w in workers}) == 2
+    layers = sorted(workers[0]["params"])
+    assert len(layers) == 2  # the two MoE layers
+    for name in layers:
+        held = [w["params"][name] for w in workers]
+        assert all(h["shape"][0] == 4 and h["dtype"] == "uint8" for h in held), held  # 4 of 8 experts each
+        assert held[0]["sum"] != held[1]["sum"]  # different experts
+
+
 def test_negative_control_experts_swapped_part_from_the_reference(tree, ckpt, reference, monkeypatch):
     """The comparison above can fail: with each token sent to the next expert it does."""
     proc, result = _serve(tree, ckpt[1], monkeypatch, alone=False, prelude=NEXT_EXPERT)
