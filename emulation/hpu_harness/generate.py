@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also run every prompt together at temperature T, each with its own seed, twice ('sampled', 'sampled_again')",
     )
     ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
+    ap.add_argument(
+        "--phases", action="store_true", help="also count sampling and drafting as steps ('sample', 'draft')"
+    )
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument(
         "--probe-param",
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hpu_harness.instrument import instrument_runner
 
-    instrument_runner()
+    instrument_runner(phases=args.phases)
     from hpu_emulation import counting, memory
     from vllm import LLM, SamplingParams, TokensPrompt
 
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "graph_calls": s.graph_calls,
             "syncs": len(s.syncs),
             "syncs_in_graph": [[x.reason, x.where] for x in s.syncs_in_graph],
+            "sync_sites": sorted({f"{x.reason} at {x.where}" for x in s.syncs}),
         }
         for s in steps
     ]

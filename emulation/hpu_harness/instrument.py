@@ -35,9 +35,20 @@ def _step(self, args, kwargs):
     return counting.step(f"{phase} {shape}{warm}")
 
 
-def instrument_runner() -> None:
+def _phase(label):
+    # the host-side phases around the forward (sampling with rejection, drafting): their host
+    # synchronisations are counted as a step of their own, outside any captured region
+    return lambda self, args, kwargs: counting.step(label)
+
+
+def instrument_runner(phases: bool = False) -> None:
+    """``phases``: also count sampling (``sample_tokens``) and drafting (``propose_draft_token_ids``)
+    as steps of their own ("sample", "draft")."""
     from vllm_gaudi.v1.worker.hpu_model_runner import HPUModelRunner
 
     _wrap(HPUModelRunner, "_execute_model_generic", _step)
+    for name, label in (("sample_tokens", "sample"), ("propose_draft_token_ids", "draft")) if phases else ():
+        if hasattr(HPUModelRunner, name):
+            _wrap(HPUModelRunner, name, _phase(label))
     _wrap(HPUModelRunner, "load_model", lambda self, a, k: memory.purpose("weights"))
     _wrap(HPUModelRunner, "initialize_kv_cache", lambda self, a, k: memory.purpose("kv_cache"))

@@ -14,8 +14,10 @@ What the switches mean on this platform (port.yaml has the full meaning):
 * ``GLM_ROUTER_FAST=1``: vllm-gaudi's own routing (grouped top-k with the correction bias, on the
   device; the emulation counts no host synchronisation inside a decode step). ``0`` (the CPU
   reference routing) is not wired on HPU: refused.
-* ``GLM_EARLY_DRAFT=1`` / ``GLM_SPEC_DEVICE_REJECT=1``: not built; refused when speculative
-  decoding is on (they mean nothing without it).
+* ``GLM_SPEC_DEVICE_REJECT=1``: greedy batches' rejection on the card (glm5_hpu/spec_device.py);
+  0: vllm-gaudi's, which reads its inputs back to the host first.
+* ``GLM_EARLY_DRAFT=1``: not built; refused when speculative decoding is on (it means nothing
+  without it).
 """
 
 from __future__ import annotations
@@ -51,9 +53,6 @@ def hpu_not_built(switches: Switches, *, max_model_len: int, speculative: bool,
         problems.append(
             "GLM_ROUTER_FAST=0: the reference routing is the CPU path's; on HPU the router is vllm-gaudi's "
             "(on the device): set GLM_ROUTER_FAST=1")
-    if speculative:
-        for name, on in (("GLM_EARLY_DRAFT", switches.early_draft),
-                         ("GLM_SPEC_DEVICE_REJECT", switches.spec_device_reject)):
-            if on:
-                problems.append(f"{name}=1: not built on HPU; set {name}=0 (vLLM's own drafting and rejection)")
+    if speculative and switches.early_draft:
+        problems.append("GLM_EARLY_DRAFT=1: not built on HPU; set GLM_EARLY_DRAFT=0 (vLLM's own drafting)")
     return problems

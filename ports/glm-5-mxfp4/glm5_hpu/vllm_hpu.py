@@ -25,6 +25,7 @@ from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
 
+from . import spec_device
 from .hpu_launch import hpu_not_built
 from .hpu_mxk import GlmMxkMoEOp, kernels
 from .router_config import fill_router_defaults
@@ -63,9 +64,11 @@ class GlmMoeDsaHpuForCausalLM(GlmMoeDsaForCausalLM):
     """vLLM's GlmMoeDsaForCausalLM with glm_moe_dsa's router keys and the launch's switches checked."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):
-        check_launch(vllm_config)
+        switches = check_launch(vllm_config)
         _fill(vllm_config.model_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if vllm_config.speculative_config is not None and switches.spec_device_reject:
+            spec_device.install()  # vllm-gaudi's sampler module is imported by now: ours is installed last
 
 
 class GlmMoeDsaHpuMTP(DeepSeekMTP):

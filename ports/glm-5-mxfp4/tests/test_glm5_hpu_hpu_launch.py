@@ -37,7 +37,6 @@ def test_what_is_built_passes():
         ({"GLM_MOE_PLACEMENT": "/p.json"}, "GLM_MOE_PLACEMENT=/p.json"),
         ({"GLM_ROUTER_FAST": "0"}, "GLM_ROUTER_FAST=0"),
         ({"GLM_EARLY_DRAFT": "1"}, "GLM_EARLY_DRAFT=1"),
-        ({"GLM_SPEC_DEVICE_REJECT": "1"}, "GLM_SPEC_DEVICE_REJECT=1"),
     ],
 )
 def test_each_path_not_built_is_named_with_what_to_set(change, named):
@@ -60,6 +59,10 @@ def test_decode_levers_mean_nothing_without_speculation():
     assert _problems(env, speculative=False) == []
 
 
+def test_device_rejection_is_served():
+    assert _problems({**SERVED, "GLM_SPEC_DEVICE_REJECT": "1"}) == []
+
+
 def test_sparse_attention_above_the_threshold_is_refused_not_served_dense():
     assert _problems(SERVED, max_model_len=32768) == []
     (problem,) = _problems(SERVED, max_model_len=131072)
@@ -71,8 +74,7 @@ def test_the_seed_launch_values_are_all_reported_at_once():
                 GLM_MOE_PLACEMENT="/opt/p.json", GLM_ROUTER_FAST="1", GLM_EARLY_DRAFT="1", GLM_SPEC_DEVICE_REJECT="1")
     problems = _problems(seed, max_model_len=131072)
     assert [p.split("=")[0].split(" ")[0] for p in problems] == [
-        "GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT",
-        "GLM_EARLY_DRAFT", "GLM_SPEC_DEVICE_REJECT"]
+        "GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT", "GLM_EARLY_DRAFT"]
 
 
 class _Config:

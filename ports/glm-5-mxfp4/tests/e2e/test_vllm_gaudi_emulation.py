@@ -267,14 +267,25 @@ def test_negative_control_experts_swapped_part_from_the_reference(tree, ckpt, re
         reference.check_divergence(result["batched"], TIE)
 
 
-def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(tree, constant_draft, reference, monkeypatch):
+MTP = ["--logprobs", "5", "--sampled", "1.0", "--phases"]
+
+
+@pytest.fixture(scope="module")
+def mtp(tree, constant_draft):
+    """MTP with the levers off (GLM_SPEC_DEVICE_REJECT=0: vllm-gaudi's rejection)."""
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    with pytest.MonkeyPatch.context() as mp:
+        proc, result = _serve(tree, constant_draft, mp, engine_args=[f"speculative_config={spec}"], extra=MTP)
+    assert result is not None, proc.stderr[-6000:]
+    return result
+
+
+def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(mtp, reference):
     """MTP on: greedy tokens (batched and alone) as the reference; the top-5 logprobs of each greedy
     token complete and finite, the greedy token the most likely; the prompts again at temperature 1,
-    each request seeded, complete and repeat themselves when run again; vLLM's speculative counters report drafts, some accepted."""
-    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
-    proc, result = _serve(tree, constant_draft, monkeypatch, engine_args=[f"speculative_config={spec}"],
-                          extra=["--logprobs", "5", "--sampled", "1.0"])
-    assert result is not None, proc.stderr[-6000:]
+    each request seeded, complete and repeat themselves when run again; vLLM's speculative counters
+    report drafts, some accepted."""
+    result = mtp
     reference.check_divergence(result["batched"], TIE)
     reference.check_divergence(result["alone"], TIE)
     assert len(result["logprobs"]) == len(PROMPTS)
@@ -294,6 +305,30 @@ def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(tree, constant_
     assert drafts > 0 and 0 < accepted < drafts, counts
     decode = [s for s in result["steps"] if s["label"].startswith("decode")]
     assert decode and all(s["syncs_in_graph"] == [] for s in decode), decode
+
+
+def _rejection_reads(result):
+    """Host reads of vllm-gaudi's greedy rejection (its inputs copied to the host), per sample step."""
+    return [sum("hpu_rejection_sampler.py" in site for site in s["sync_sites"]) for s in _steps(result, "sample")]
+
+
+def test_device_rejection_keeps_every_output_and_reads_nothing_back(tree, constant_draft, mtp, monkeypatch):
+    """GLM_SPEC_DEVICE_REJECT=1 (glm5_hpu/spec_device.py): every output of the MTP run with the lever
+    off (greedy batched and alone, logprobs, seeded samples) and vLLM's speculative counters are the
+    same; the greedy batches' rejection reads nothing back to the host (vllm-gaudi's copies its four
+    inputs there at every verify step, counted in the lever-off run); the sampled batches keep
+    vllm-gaudi's path."""
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    proc, result = _serve(tree, constant_draft, monkeypatch, engine_args=[f"speculative_config={spec}"], extra=MTP,
+                          GLM_SPEC_DEVICE_REJECT=1)
+    assert result is not None, proc.stderr[-6000:]
+    for key in ("batched", "alone", "logprobs", "sampled", "sampled_again", "spec_decode"):
+        assert result[key] == mtp[key], key
+    off, on = _rejection_reads(mtp), _rejection_reads(result)
+    assert len(on) == len(off)
+    greedy = [i for i, n in enumerate(off) if n == 4]  # vllm-gaudi's four copies
+    assert greedy and all(on[i] == 0 for i in greedy), (off, on)
+    assert sum(on) < sum(off)
 
 
 def test_the_seed_launch_switches_are_refused_with_what_to_set(tree, ckpt, monkeypatch):
