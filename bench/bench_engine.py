@@ -13,7 +13,8 @@ snapshot    : one scan of the package folders and the state folder (sealed: two 
               otherwise one before the first fix and one after each)
 warm re-run : the same command again (already applied: hashing only)
 verify      : `fixpack verify --profile v0.26.0 --root T`
-Goals: warm re-run and verify <= 3x start-up; cold apply <= 2 x (number of fixes) x start-up.
+Goals: cold apply <= 45x start-up (both rows); warm re-run and verify <= 3x start-up. The table
+prints each ratio and whether its goal is met.
 
 fixpack's own modules are byte-compiled first, as `pip install` leaves them in an image; the
 commands then run with PYTHONDONTWRITEBYTECODE=1 so that nothing else is written.
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+COLD_GOAL, WARM_GOAL = 45, 3  # x the interpreter's start-up
 
 
 def timed(cmd: list[str], env=None, per_fix: dict | None = None) -> float:
@@ -95,11 +97,11 @@ def main() -> None:
     s = statistics.median(startup)
     rows = [
         ("python3 -c pass", statistics.median(startup), 1.0, ""),
-        (f"cold apply ({nfix} fixes)", statistics.median(cold), statistics.median(cold) / s, f"<= {2 * nfix}x"),
-        (f"cold apply, Landlock off ({nfix} fixes)", statistics.median(cold_hook), statistics.median(cold_hook) / s, f"<= {2 * nfix}x"),
+        (f"cold apply ({nfix} fixes)", statistics.median(cold), statistics.median(cold) / s, f"<= {COLD_GOAL}x"),
+        (f"cold apply, Landlock off ({nfix} fixes)", statistics.median(cold_hook), statistics.median(cold_hook) / s, f"<= {COLD_GOAL}x"),
         (f"one snapshot ({entries} entries)", statistics.median(scans), statistics.median(scans) / s, ""),
-        ("warm re-run", statistics.median(warm), statistics.median(warm) / s, "<= 3x"),
-        ("verify", statistics.median(verify), statistics.median(verify) / s, "<= 3x"),
+        ("warm re-run", statistics.median(warm), statistics.median(warm) / s, f"<= {WARM_GOAL}x"),
+        ("verify", statistics.median(verify), statistics.median(verify) / s, f"<= {WARM_GOAL}x"),
     ]
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "unknown CPU")
     print(f"median of {a.repeat} runs, real v0.26.0 targets, {os.cpu_count()} CPUs ({cpu}), load {os.getloadavg()[0]:.1f}; kernel: {kernel}; cold apply's fix processes: {walls}")

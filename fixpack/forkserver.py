@@ -201,44 +201,11 @@ def _run_job(job: dict) -> dict:
     return reply
 
 
-def _import_codemod_kind() -> None:
-    """Import libcst and its matchers (fixpack.kinds.codemod), without the class docstrings that
-    dataclasses renders from signatures.
-
-    libcst.matchers defines 175 dataclasses with no docstring; for each, dataclasses writes
-    ``__doc__`` from ``inspect.signature`` of the class, whose annotations are long Unions of
-    matcher types, on the path of every cold apply's first codemod (bench/bench_codemods.py
-    measures the import with and without it). No fix's process reads those docstrings, so in
-    the server the signature is reported unavailable for the length of this import (each such
-    class's ``__doc__`` is then its name, as dataclasses does for a class without a signature),
-    and dataclasses is put back as it was. Where dataclasses finds ``inspect`` otherwise, this
-    changes nothing."""
-    import dataclasses
-    import inspect
-
-    class _NoSignatures:
-        def __getattr__(self, name: str):
-            return getattr(inspect, name)
-
-        @staticmethod
-        def signature(*args, **kwargs):
-            raise ValueError("not rendered in the fork server")
-
-    patch = getattr(dataclasses, "inspect", None) is inspect
-    if patch:
-        dataclasses.inspect = _NoSignatures()  # type: ignore[attr-defined]
-    try:
-        import fixpack.kinds.codemod  # noqa: F401 - libcst and its matchers
-    finally:
-        if patch:
-            dataclasses.inspect = inspect  # type: ignore[attr-defined]
-
-
 def serve(preload: str = "") -> int:
     # Imported once here so that no fix's process pays for them; nothing else is imported.
     if preload == "codemod":
         # only what a codemod's process uses: its start is on the way to the run's first codemod
-        _import_codemod_kind()
+        import fixpack.kinds.codemod  # noqa: F401 - libcst and its matchers
     else:
         import unidiff  # noqa: F401
         import yaml  # noqa: F401 - an edit's edits.yaml
@@ -267,7 +234,7 @@ def serve(preload: str = "") -> int:
         if job.get("kind") == "codemod" and "fixpack.kinds.codemod" not in sys.modules:
             # libcst only once a codemod comes (a diff or an edit never needs it), then once
             # for all the codemods after it
-            _import_codemod_kind()
+            import fixpack.kinds.codemod  # noqa: F401
             gc.freeze()
         reply = _run_job(job)
         sys.stdout.write(json.dumps(reply) + "\n")

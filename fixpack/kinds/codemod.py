@@ -46,7 +46,11 @@ N = TypeVar("N", bound=cst.CSTNode)
 
 
 class Codemod(m.MatcherDecoratableTransformer):
-    """Base class of a fix's transformer. Subclass it in the fix's codemod.py."""
+    """Base class of a fix's transformer. Subclass it in the fix's codemod.py.
+
+    Its dispatch is libcst's own: every node the transformer visits goes through every matcher
+    of its decorators. Only libcst's public API is used, so that a libcst release that renames
+    an internal cannot change which nodes a codemod sees; SCOPE is what keeps the visit short."""
 
     DESCRIPTION: ClassVar[str] = ""
     TARGET: ClassVar[str] = ""  # the file it edits, package/path (a declared target of the fix)
@@ -60,33 +64,6 @@ class Codemod(m.MatcherDecoratableTransformer):
         super().__init__()
         self.found: Counter[str] = Counter()
         self.skip = skip  # a place left as it is (fixpack check: every part necessary)
-        self._acts_on = _node_types(self)
-        self._acts: dict[type, bool] = {}
-
-    # libcst's matcher dispatch tries every decorator's matcher on every node it visits and
-    # leaves: half of seeded-sampling's time (bench/bench_codemods.py). A node of a
-    # type that no matcher, no call_if_inside and no visit_/leave_ method of the codemod names
-    # can neither match nor change anything: it is passed over as libcst itself would leave it.
-    def _may_act(self, node: cst.CSTNode) -> bool:
-        acts = self._acts.get(type(node))
-        if acts is None:
-            acts = self._acts_on is None or issubclass(type(node), self._acts_on)
-            self._acts[type(node)] = acts
-        return acts
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        return super().on_visit(node) if self._may_act(node) else True
-
-    def on_leave(self, original_node, updated_node):  # untyped as libcst's own (generic in the node type)
-        return super().on_leave(original_node, updated_node) if self._may_act(original_node) else updated_node
-
-    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        if self._may_act(node):
-            super().on_visit_attribute(node, attribute)
-
-    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        if self._may_act(original_node):
-            super().on_leave_attribute(original_node, attribute)
 
     def at(self, place: str, updated: N, new: cst.CSTNode) -> cst.CSTNode:
         """Record that ``place`` was found; give back ``new`` (``updated`` if the place is skipped)."""
@@ -96,50 +73,6 @@ class Codemod(m.MatcherDecoratableTransformer):
             raise ChangeError(f"{type(self).__name__} at {place!r} returned {type(new).__name__}, not a libcst node")
         self.found[place] += 1
         return updated if place == self.skip else new
-
-
-def _matcher_types(matcher: object) -> set[type] | None:
-    """The node types ``matcher`` can match (more is safe); None: it may match any node."""
-    if isinstance(matcher, (m.OneOf, m.AllOf)):
-        types: set[type] = set()
-        for option in matcher.options:
-            sub = _matcher_types(option)
-            if sub is None:
-                return None
-            types |= sub
-        return types
-    node = getattr(cst, type(matcher).__name__, None) if type(matcher).__module__ == "libcst.matchers" else None
-    if isinstance(node, type) and issubclass(node, cst.CSTNode):
-        return {node}  # a node matcher (m.Arg, m.FunctionDef, ...) matches only nodes of its own class
-    return None
-
-
-def _node_types(codemod: Codemod) -> tuple[type, ...] | None:
-    """Every node type the codemod may act on: its decorators' matchers, its call_if_inside and
-    call_if_not_inside matchers, and the types its own visit_/leave_ methods are named after.
-    None when one of them may match any node, or libcst keeps its matchers elsewhere than this
-    reads them: then every node goes through libcst's dispatch."""
-    matchers = [
-        *getattr(codemod, "_extra_visit_funcs", {None: ()}),
-        *getattr(codemod, "_extra_leave_funcs", {None: ()}),
-        *getattr(codemod, "_matchers", {None: None}),
-    ]
-    types: set[type] = set()
-    for matcher in matchers:
-        sub = _matcher_types(matcher)
-        if sub is None:
-            return None
-        types |= sub
-    for cls in type(codemod).__mro__:
-        if cls is Codemod:
-            break
-        for name in vars(cls):
-            if name.startswith(("visit_", "leave_")):
-                node = getattr(cst, name.split("_")[1], None)
-                if not (isinstance(node, type) and issubclass(node, cst.CSTNode)):
-                    return None
-                types.add(node)
-    return tuple(types)
 
 
 def comment_lines(*comments: str) -> list[cst.EmptyLine]:

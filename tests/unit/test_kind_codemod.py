@@ -144,9 +144,9 @@ def test_a_scope_is_found_from_the_record_of_these_bytes_without_a_parse(tmp_pat
     assert again.outputs == first.outputs and b"g(1, 3)" in again.outputs["pkg/t.py"]
 
 
-# ---- the node-type gate in front of libcst's matcher dispatch (Codemod._may_act)
+# ---- dispatch: libcst's own, public API only
 
-GATED = """
+MANY = """
 import libcst as cst
 import libcst.matchers as m
 from fixpack.kinds.codemod import Codemod
@@ -182,7 +182,7 @@ class Many(Codemod):
         self.names += 1
 """
 
-GATED_SRC = """class A:
+MANY_SRC = """class A:
     def f(self):
         return g(1, "2")
 
@@ -191,46 +191,52 @@ GATED_SRC = """class A:
         return g(5, 6)
 """
 
+# a call_if_inside matcher that names no node class of its own (m.TypeOf)
+ANY = (
+    "\n    @m.call_if_inside(m.TypeOf(m.FunctionDef, m.Lambda))\n    @m.leave(m.Integer())\n"
+    "    def anything(self, original, updated):\n        return updated\n"
+)
 
-def test_the_gate_names_exactly_the_types_the_codemod_acts_on(tmp_path):
+
+@pytest.mark.parametrize("extra", ["", ANY], ids=["node matchers", "with a TypeOf matcher"])
+def test_a_codemod_that_acts_on_some_node_types_finds_each_of_them_wherever_it_sits(tmp_path, extra):
     d = tmp_path / "fix"
     d.mkdir()
-    (d / "codemod.py").write_text(GATED)
+    (d / "codemod.py").write_text(MANY + extra)
+    import libcst as cst
+
+    class Names(cst.CSTVisitor):
+        count = 0
+
+        def visit_Name(self, node):
+            self.count += 1
+
+    every = Names()
+    cst.parse_module(MANY_SRC).visit(every)
     (cls,) = codemod.load(d)
-    import libcst as cst
-
-    assert set(cls()._acts_on) == {
-        cst.Integer,
-        cst.SimpleString,
-        cst.FunctionDef,
-        cst.Call,
-        cst.Return,
-        cst.Comparison,
-        cst.Name,
-    }
+    inst = cls()
+    out = cst.parse_module(MANY_SRC).visit(inst).code
+    assert out == MANY_SRC.replace('return g(1, "2")', 'return k(1, "2")')  # g's call in f, not the one inside h
+    assert dict(inst.found) == {"either": 2, "not in h": 1, "a visit": 2, "a comparison": 1}
+    assert inst.names == every.count == 8  # a visit_ method sees every node of its type, nested or not
 
 
-# a call_if_inside matcher whose types the gate does not work out (m.TypeOf): the gate is off
-ANY = "\n    @m.call_if_inside(m.TypeOf(m.FunctionDef, m.Lambda))\n    @m.leave(m.Integer())\n    def anything(self, original, updated):\n        return updated\n"
+def test_codemod_reads_no_private_attribute_of_libcst():
+    """A Codemod is a libcst transformer, so even a ``self._name`` of its own lives in libcst's
+    private namespace: the kind's module has no ``._name`` at all, nor a ``"_name"`` to getattr."""
+    import ast
 
-
-@pytest.mark.parametrize("extra", ["", ANY], ids=["gate on", "gate off"])
-def test_gated_and_ungated_dispatch_give_the_same_code_places_and_visits(tmp_path, monkeypatch, extra):
-    d = tmp_path / "fix"
-    d.mkdir()
-    (d / "codemod.py").write_text(GATED + extra)
-    import libcst as cst
-
-    def through(gate: bool):
-        (cls,) = codemod.load(d)
-        inst = cls()
-        if not gate:
-            inst._acts_on = None  # every node through libcst's own dispatch
-        out = cst.parse_module(GATED_SRC).visit(inst).code
-        return out, dict(inst.found), inst.names, inst._acts_on is None
-
-    gated, ungated = through(True), through(False)
-    assert gated[:3] == ungated[:3]
-    assert gated[0] == GATED_SRC.replace('return g(1, "2")', 'return k(1, "2")')  # not inside h
-    assert gated[1] == {"either": 2, "not in h": 1, "a visit": 2, "a comparison": 1}
-    assert gated[3] is bool(extra)  # a matcher that may match any node turns the gate off
+    tree = ast.parse(Path(codemod.__file__).read_text())
+    private = [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"))
+        or (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("_")
+            and not node.value.startswith("__")
+        )
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("libcst._"))
+    ]
+    assert private == []
