@@ -4,10 +4,10 @@ and its CHANGELOG entry, and every relative link of the README, CONTRIBUTING, CH
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import fixpack
 from fixpack import errors
@@ -43,12 +43,20 @@ def _readme_table_commands() -> set[str]:
 
 def test_readme_command_table_has_every_command_of_help_and_no_other(capsys):
     in_help, in_table = _help_commands(capsys), _readme_table_commands()
-    assert in_help - in_table == set(), f"fixpack --help has commands the README's table lacks: {sorted(in_help - in_table)}"
-    assert in_table - in_help == set(), f"the README's table names commands fixpack --help does not have: {sorted(in_table - in_help)}"
+    assert in_help - in_table == set(), (
+        f"fixpack --help has commands the README's table lacks: {sorted(in_help - in_table)}"
+    )
+    assert in_table - in_help == set(), (
+        f"the README's table names commands fixpack --help does not have: {sorted(in_table - in_help)}"
+    )
 
 
 def test_readme_exit_code_table_matches_the_error_classes():
-    classes = {cls.exit_code: cls.label for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, errors.FixpackError) and cls is not errors.FixpackError}
+    classes = {
+        cls.exit_code: cls.label
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.FixpackError) and cls is not errors.FixpackError
+    }
     text = README.read_text().split("### Exit codes", 1)[1]
     rows = {int(m.group(1)): m.group(2).strip() for m in re.finditer(r"^\| (\d+) \|([^|]*)\|", text, re.M)}
     assert {code: label for code, label in rows.items() if label} == classes
@@ -58,7 +66,9 @@ def test_version_is_one_in_pyproject_and_the_package_and_has_a_changelog_section
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert fixpack.__version__ == version
     changelog = (REPO / "CHANGELOG.md").read_text()
-    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M), f"CHANGELOG.md has no '## [{version}] - DATE' section"
+    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M), (
+        f"CHANGELOG.md has no '## [{version}] - DATE' section"
+    )
     assert "## [Unreleased]" in changelog
 
 
