@@ -19,7 +19,7 @@
    targets, or using a privilege or another process, through libc, which the audit hook cannot
    see), once under Landlock (refused by the kernel) and once with Landlock forced off (caught
    and undone by the driver's snapshot, or refused: no capabilities, the privileged-call filter).
-6. state: issue 30's attacks on the driver itself, each with the kernel layers on and forced
+6. state: attacks on the driver itself, each with the kernel layers on and forced
    off: a forged state record, a planted journal, folders swapped for symlinks during the run
    (restore, commit, the state folder), a __pycache__ symlink, a limit exceeded, a process that outlives its
    fix (tests/test_hostile_state.py, test_hostile_restore.py, test_limits.py, run as they are).
@@ -87,8 +87,9 @@ def run_named(parts: list[tuple[str, callable]], work: Path, kind: str, jobs: in
 
 
 def state_cases() -> list[tuple[str, callable]]:
-    """The issue-30 tests, called as they are with a scratch folder for tmp_path (the same code
-    CI runs, not a copy). A pytest skip (no Landlock here) is reported as not run."""
+    """The driver-attack tests (state, restores, limits, survivors), called as they are with a
+    scratch folder for tmp_path (the same code CI runs, not a copy). A pytest skip (no Landlock
+    here) is reported as not run."""
     from tests import test_hostile_restore as HR
     from tests import test_hostile_state as HS
     from tests import test_limits as TL

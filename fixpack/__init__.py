@@ -1,3 +1,3 @@
 """fixpack: hash-pinned source fixes and model ports for vLLM on Intel Gaudi."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -333,7 +333,7 @@ class Runner:
 
 
 def protection_text(p: dict) -> str:
-    # what was dropped and filtered in every mode (absent from records made before issue 30)
+    # what was dropped and filtered in every mode (absent from records written before 0.2.0)
     extra = "; no capabilities" if p.get("capabilities") == "none" else ""
     if p.get("syscall_filter"):
         extra += (

@@ -118,9 +118,9 @@ ESCAPES = [
         "if libc.utimes(T + b'/pkg_a/mod.py', None) != 0: fail('utimes')",
         "pkg_a/mod.py",
     ),
-    # issue 30, cases 1 and 2: privilege and other processes. Refused with Landlock and without
+    # privilege and other processes. Refused with Landlock and without
     # (no capabilities, and the privileged-call filter, in every mode). The device made is
-    # /dev/null's (1, 3): harmless had it been allowed; the issue's attack used a disk's.
+    # /dev/null's (1, 3): harmless had it been allowed; a real attack would use a disk's.
     Escape(
         "mknod-device",
         "make a device node in its own stage (to write a disk through it)",
