@@ -143,7 +143,9 @@ def test_installs_on_the_release_and_a_second_run_changes_nothing(cookbook, tree
     assert "already applied" in again.stdout
     # The packages are byte-identical; the plugin's pip metadata (RECORD, direct_url.json) is
     # rewritten by pip on every install and is not compared.
-    code = lambda snap: {k: v for k, v in snap.items() if k.split("/", 1)[0] in ("vllm", "vllm_gaudi", "glm5_next_hpu")}
+    def code(snap):
+        return {k: v for k, v in snap.items() if k.split("/", 1)[0] in ("vllm", "vllm_gaudi", "glm5_next_hpu")}
+
     assert code(snapshot(tree)) == code(after)
 
 

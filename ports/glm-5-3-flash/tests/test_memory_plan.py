@@ -110,6 +110,7 @@ def test_at_rest_dtype_rule_on_named_parameters():
     """Only the language model's make_linear projections are block FP8 (and not those in
     modules_to_not_convert); the vision tower's MLP of the same name stays in the model dtype."""
     import torch
+
     from glm5_next_hpu.memory_plan import fp8_at_rest, weight_bytes
 
     def lin(o, i):
@@ -139,6 +140,7 @@ def test_fp8_experts_are_counted_once_at_their_own_size():
     counted a second time among the dense MLPs); with --experts bf16 the weights count in the model
     dtype and the scales not at all."""
     import torch
+
     from glm5_next_hpu.memory_plan import weight_bytes
 
     root = torch.nn.Module()

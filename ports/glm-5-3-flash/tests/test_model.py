@@ -114,7 +114,6 @@ def test_nan_in_padded_positions_does_not_reach_real_tokens(tiny):
     emb = port.model.language_model.embed_tokens
     with torch.no_grad():
         clean = port(ids, attention_mask=attn)
-        original = emb.weight[ids[0, 0]].clone()
         ids_p = ids.clone()
         ids_p[0, :10] = 255  # a token id the prompt never uses
         saved = emb.weight[255].clone()

@@ -5,11 +5,11 @@ Needs an importable vLLM (run under .venv-cpu); the packaging test runs anywhere
 
 import importlib.util
 import sys
-import tomllib
 from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
+import tomllib
 
 PORT_DIR = Path(__file__).resolve().parents[1]
 ENTRY = "glm5_next_hpu.vllm_plugin:register"
@@ -83,13 +83,15 @@ def test_load_general_plugins_registers_the_architecture_lazily_and_twice_is_fin
 @needs_vllm
 def test_registered_class_is_hybrid_with_inner_state():
     """Without is_hybrid vLLM allocates no KDA state and every KDA layer is silently skipped."""
-    from glm5_next_hpu.vllm_plugin import register
     from vllm import ModelRegistry
+
+    from glm5_next_hpu.vllm_plugin import register
 
     register()
     assert ARCH in ModelRegistry.get_supported_archs()
-    from glm5_next_hpu.vllm.model import Glm5NextForConditionalGeneration as C
     from vllm.model_executor.models.interfaces import has_inner_state, is_hybrid
+
+    from glm5_next_hpu.vllm.model import Glm5NextForConditionalGeneration as C
 
     assert is_hybrid(C) and has_inner_state(C)
     assert C.is_hybrid is True
@@ -99,9 +101,10 @@ def test_registered_class_is_hybrid_with_inner_state():
 def test_registered_class_is_multimodal_with_the_port_processor():
     """Images: SupportsMultiModal, the port's processor registered with MULTIMODAL_REGISTRY, and
     vLLM's own embed_input_ids (the merge at placeholder positions) not overridden."""
+    from vllm.model_executor.models.interfaces import SupportsMultiModal, supports_multimodal
+
     from glm5_next_hpu.vllm import multimodal as mm
     from glm5_next_hpu.vllm.model import Glm5NextForConditionalGeneration as C
-    from vllm.model_executor.models.interfaces import SupportsMultiModal, supports_multimodal
 
     assert supports_multimodal(C)
     factories = C._processor_factory
@@ -339,9 +342,8 @@ def test_config_json_refuses_prefix_caching(config_json):
 
 @pytest.fixture(scope="module")
 def ckpt_and_model():
-    from reference_harness import build_reference, checkpoint_tensors
-
     from glm5_next_hpu.reference import Glm5NextReference
+    from reference_harness import build_reference, checkpoint_tensors
 
     ref, cfg = build_reference()
     return checkpoint_tensors(ref), lambda: Glm5NextReference(cfg), cfg

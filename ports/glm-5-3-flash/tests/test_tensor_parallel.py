@@ -18,7 +18,15 @@ import torch
 
 from glm5_next_hpu.config import UnsupportedConfigError, validate_config
 from glm5_next_hpu.vllm.loader import load_checkpoint
-from glm5_next_hpu.vllm.parallel import ColumnLinear, LMHead, Parallel, ParallelMoE, RowLinear, VocabEmbedding, decoder_mlp
+from glm5_next_hpu.vllm.parallel import (
+    ColumnLinear,
+    LMHead,
+    Parallel,
+    ParallelMoE,
+    RowLinear,
+    VocabEmbedding,
+    decoder_mlp,
+)
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not importable here (run under .venv-cpu)"
@@ -77,7 +85,7 @@ def test_moe_ranks_hold_their_split_and_sum_to_tp1(ref_ckpt, ep):
     make = lambda par: ParallelMoE(t, par)  # noqa: E731
     full, _, c1, _ = _build(make, ckpt, cfg, 1, "mlp")
     ranks = [_build(make, ckpt, cfg, 1, "mlp", r, TP, ep) for r in range(TP)]
-    E, I = t.n_routed_experts, t.moe_intermediate_size
+    E, inter = t.n_routed_experts, t.moe_intermediate_size
     x = torch.randn(37, t.hidden_size, generator=torch.Generator().manual_seed(3))
     want = full(x)
     assert c1.reduces == 0  # TP 1: no collective
@@ -93,14 +101,14 @@ def test_moe_ranks_hold_their_split_and_sum_to_tp1(ref_ckpt, ep):
             assert {k for k in report.loaded_keys if ".experts." in k} == mine
             assert set(report.other_rank_keys) == {k for k in part if ".experts." in k} - mine
         else:  # every expert, 1/TP of the intermediate dim of gate, of up and of down
-            i = I // TP
+            i = inter // TP
             sl = slice(r * i, (r + 1) * i)
-            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :I][:, sl], w13[:, I:][:, sl]], dim=1))
+            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :inter][:, sl], w13[:, inter:][:, sl]], dim=1))
             assert torch.equal(m.experts.w2_weight, w2[:, :, sl])
             assert report.loaded_keys == set(part) and not report.other_rank_keys
         assert torch.equal(m.gate.weight, full.gate.weight)  # router replicated
         assert torch.equal(m.gate.e_score_correction_bias, full.gate.e_score_correction_bias)
-        i = I * t.n_shared_experts // TP
+        i = inter * t.n_shared_experts // TP
         assert torch.equal(m.shared_experts.gate_proj.weight, full.shared_experts.gate_proj.weight[r * i : (r + 1) * i])
         assert torch.equal(m.shared_experts.down_proj.weight, full.shared_experts.down_proj.weight[:, r * i : (r + 1) * i])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -135,7 +143,7 @@ def test_block_fp8_moe_loads_into_rank_halves_as_the_tp1_split(ref_ckpt, ep):
 
     full, full_report = load(0, 1)
     assert full_report.fp8_dequantized  # the weights did come in as FP8
-    E, I = t.n_routed_experts, t.moe_intermediate_size
+    E, inter = t.n_routed_experts, t.moe_intermediate_size
     for r in range(TP):
         m, report = load(r, TP)
         w13, w2 = full.experts.w13_weight, full.experts.w2_weight
@@ -145,10 +153,10 @@ def test_block_fp8_moe_loads_into_rank_halves_as_the_tp1_split(ref_ckpt, ep):
             assert torch.equal(m.experts.w2_weight, w2[r * n : (r + 1) * n])
             assert report.other_rank_keys
         else:
-            sl = slice(r * I // TP, (r + 1) * I // TP)
-            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :I][:, sl], w13[:, I:][:, sl]], dim=1))
+            sl = slice(r * inter // TP, (r + 1) * inter // TP)
+            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :inter][:, sl], w13[:, inter:][:, sl]], dim=1))
             assert torch.equal(m.experts.w2_weight, w2[:, :, sl])
-        i = I * t.n_shared_experts // TP
+        i = inter * t.n_shared_experts // TP
         assert torch.equal(m.shared_experts.up_proj.weight, full.shared_experts.up_proj.weight[r * i : (r + 1) * i])
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
+
 from glm5_mxfp4.mxfp4 import BLOCK, E2M1_VALUES
 
 PROJ = ("gate_proj", "up_proj", "down_proj")

@@ -215,7 +215,7 @@ class Glm5Mxfp4CpuConfig(Mxfp4Config):
 
 def _layer_id(prefix: str) -> int | None:
     parts = prefix.split(".")
-    for a, b in zip(parts, parts[1:]):
+    for a, b in zip(parts, parts[1:], strict=False):  # neighbours: parts[1:] is one shorter
         if a == "layers" and b.isdigit():
             return int(b)
     return None

@@ -275,7 +275,9 @@ def test_tools_32_cases_pass_and_markup_in_one_sampled_required_call_fails(serve
 
 
 def test_tool_expectations():
-    call = lambda name, args: {"function": {"name": name, "arguments": args}}
+    def call(name, args):
+        return {"function": {"name": name, "arguments": args}}
+
     assert gates.tool_problem(("one", "get_weather"), {"tool_calls": [call("get_weather", '{"city": "Paris"}')]}) is None
     assert "expected one call" in gates.tool_problem(("one", "get_weather"), {"tool_calls": [call("web_search", '{"query": "x"}')]})
     assert "not JSON" in gates.tool_problem(("calls", None), {"tool_calls": [call("web_search", '{"query": ')]})

@@ -132,7 +132,9 @@ def test_installs_on_the_pinned_release_and_a_second_run_changes_nothing(pinned,
     again = install(pack, tree, *plugin_args(), env=env)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "already applied" in again.stdout
-    code = lambda snap: {k: v for k, v in snap.items() if k.split("/", 1)[0] in ("vllm", "vllm_gaudi", "glm5_hpu", "glm5_mxfp4")}
+    def code(snap):
+        return {k: v for k, v in snap.items() if k.split("/", 1)[0] in ("vllm", "vllm_gaudi", "glm5_hpu", "glm5_mxfp4")}
+
     assert code(snapshot(tree)) == code(after)
 
 

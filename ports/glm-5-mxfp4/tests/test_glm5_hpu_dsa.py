@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from glm5_hpu.dsa import SEED_THRESHOLD, DsaAttention, DsaCache, DsaIndexer, rope_cos_sin, select
 from glm5_hpu.switches import read_switches
 

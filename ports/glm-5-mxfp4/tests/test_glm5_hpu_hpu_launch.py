@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from glm5_hpu.hpu_launch import hpu_not_built
 from glm5_hpu.router_config import ROUTER_DEFAULTS, fill_router_defaults, is_glm_moe_dsa
 from glm5_hpu.switches import read_switches

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 
-import glm_moe_dsa_tiny
 import numpy as np
 import pytest
 import torch
+
+import glm_moe_dsa_tiny
 from glm5_hpu import moe_mxfp4
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts, dequantize, route
 from glm5_mxfp4 import mxfp4
@@ -208,9 +209,10 @@ def test_bad_checkpoints_name_the_key_and_the_expert():
 def test_from_a_real_conversion(tmp_path):
     """The converter's command on a tiny checkpoint; layer 1's MoE read from its output files
     equals transformers' MoE of the model whose experts hold the converter's dequantization."""
-    from glm5_mxfp4 import convert
     from safetensors import safe_open
     from transformers import GlmMoeDsaForCausalLM
+
+    from glm5_mxfp4 import convert
 
     src = glm_moe_dsa_tiny.make(str(tmp_path / "src"))
     dst = tmp_path / "dst"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+
 from glm5_hpu import placement
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts, route
 from glm5_hpu.placement import FORMAT, PlacementError

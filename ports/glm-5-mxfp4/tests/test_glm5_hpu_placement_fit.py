@@ -22,9 +22,10 @@ import re
 import shutil
 from pathlib import Path
 
-import glm_moe_dsa_tiny
 import pytest
 import torch
+
+import glm_moe_dsa_tiny
 from glm5_hpu import placement, placement_fit
 from glm5_hpu.placement_fit import Checkpoint, FitError, collect, fit, group_loads, main
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from glm5_hpu import switches as sw
 from glm5_hpu.switches import SwitchError, load_spec, read_switches, recipe_value_problem, reference_switches
 

@@ -10,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import glm_moe_dsa_tiny
 import numpy as np
 import pytest
 import torch
-from glm5_mxfp4 import convert, mxfp4
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+import glm_moe_dsa_tiny
+from glm5_mxfp4 import convert, mxfp4
 
 PORT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

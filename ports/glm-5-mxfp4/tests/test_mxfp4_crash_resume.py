@@ -10,8 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import glm_moe_dsa_tiny
 import pytest
+
+import glm_moe_dsa_tiny
 from test_mxfp4_convert import PORT_ROOT, main, tree
 
 

@@ -3,10 +3,11 @@ torchao, transformers 5.23.0 and vLLM 0.30.0 (the last in its own process: see v
 
 from __future__ import annotations
 
-import mxfp4_blocks
 import numpy as np
 import pytest
 import torch
+
+import mxfp4_blocks
 from glm5_mxfp4 import mxfp4
 
 torchao_mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")

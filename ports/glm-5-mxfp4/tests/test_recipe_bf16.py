@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from glm5_hpu import serving_rules as rules
 
+from glm5_hpu import serving_rules as rules
 from testing.recipes import as_in_image, edited, rendered, seed_page, write_recipe
 
 PORT = Path(__file__).resolve().parents[1]
@@ -117,9 +117,8 @@ def test_check_says_why_the_placement_file_is_missing(capsys):
     """Still an error (the launch names the file), with what it is, why it cannot be made here and
     the command that makes it (which its own parser accepts, writing the file the recipe names);
     the bucket file's note names the command that makes it."""
-    from glm5_hpu import placement_fit
-
     from fixpack.main import main
+    from glm5_hpu import placement_fit
 
     rel = "ports/glm-5-mxfp4/serving/glm53-ep4-placement.json"
     detail = _check()[f"path {rel}"]["detail"]

@@ -24,17 +24,18 @@ import sys
 
 
 def main(tree: str, dst: str) -> dict:
-    import mxfp4_blocks
     import numpy as np
     import torch
     import vllm
-    from glm5_mxfp4 import mxfp4
     from safetensors import safe_open
     from vllm.model_executor.layers.fused_moe import config as C
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
     from vllm.third_party.triton_kernels.numerics_details.mxfp import upcast_from_mxfp_torch
+
+    import mxfp4_blocks
+    from glm5_mxfp4 import mxfp4
 
     out: dict = {"vllm_file": vllm.__file__}
     # 1. dequantization

@@ -21,8 +21,14 @@ def layout(tree, monkeypatch, *, use_mla: bool, branch: str):
     import torch
     import torch.nn as nn
     import vllm_gaudi.v1.worker.hpu_model_runner as hmr
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,
-                                            MambaSpec, MLAAttentionSpec)
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        MambaSpec,
+        MLAAttentionSpec,
+    )
     from vllm_gaudi.attention.backends.hpu_attn import HPUAttentionBackend, HPUMLAAttentionBackend
 
     bound = {}

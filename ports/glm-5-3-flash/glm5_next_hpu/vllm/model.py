@@ -56,8 +56,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -90,7 +89,17 @@ from .multimodal import (
     Glm5NextMultiModalProcessor,
     Glm5NextProcessingInfo,
 )
-from .parallel import ColumnLinear, LMHead, Parallel, RowLinear, VocabEmbedding, decoder_mlp, divide, from_vllm, make_linear
+from .parallel import (
+    ColumnLinear,
+    LMHead,
+    Parallel,
+    RowLinear,
+    VocabEmbedding,
+    decoder_mlp,
+    divide,
+    from_vllm,
+    make_linear,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -20,13 +20,12 @@
 from __future__ import annotations
 
 import math
-from functools import cached_property
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import torch
 from transformers import BatchFeature
-
 from vllm.config.multimodal import BaseDummyOptions
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import MultiModalDataDict

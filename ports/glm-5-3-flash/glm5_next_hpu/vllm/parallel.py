@@ -220,13 +220,13 @@ class ParallelExperts(nn.Module):
     def __init__(self, config, par: Parallel, fp8_block: tuple[int, int] | None = None, op: str = "exact",
                  quant_config=None):
         super().__init__()
-        E, D, I = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        E, D, moe_inter = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
         if par.expert_parallel:
             self.count = divide(E, par.size, "n_routed_experts", "expert-parallel")
-            self.start, inter, dims = par.rank * self.count, I, (None, None)
+            self.start, inter, dims = par.rank * self.count, moe_inter, (None, None)
         else:
             self.count, self.start = E, 0
-            inter, dims = divide(I, par.size, "moe_intermediate_size"), (0, 1)
+            inter, dims = divide(moe_inter, par.size, "moe_intermediate_size"), (0, 1)
         # Shard dims are of the per-expert checkpoint tensors: gate/up [I, D] on 0, down [D, I] on 1
         # (a scale's block rows / columns narrow with its weight's).
         self.fp8_block = fp8_block

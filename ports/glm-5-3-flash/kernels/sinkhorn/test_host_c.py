@@ -89,8 +89,9 @@ def test_the_reference_loop_is_not_the_kernel(kernel):
 
 @pytest.mark.parametrize("tpc_order, calls", [(True, 1), (False, 0)], ids=["kernel", "torch"])
 def test_the_switch_calls_the_op(tpc_order, calls):
-    from glm5_next_hpu.mhc import hc_pre
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from glm5_next_hpu.mhc import hc_pre
 
     class Calls(TorchDispatchMode):
         n = 0

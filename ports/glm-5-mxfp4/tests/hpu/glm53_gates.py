@@ -78,7 +78,7 @@ def document(client: Client, tokens: int, filler: str, codes: dict[str, str]) ->
     per = max(1, client.tokens(filler * 8) // 8)
     n = max(len(DEPTHS) + 1, tokens // per)
     parts = [filler] * n
-    for depth, label in zip(reversed(DEPTHS), reversed(LABELS)):  # from the back, so indices hold
+    for depth, label in zip(reversed(DEPTHS), reversed(LABELS), strict=True):  # from the back, so indices hold
         parts.insert(int(n * depth), needle(label, codes[label]))
     return "".join(parts)
 
@@ -388,7 +388,8 @@ def gate_stress(client: Client, a) -> Result:
     gap = 0.0
     for d in decodes:
         ts = d.get("times") or []
-        gap = max([gap] + [b - x for x, b in zip(ts, ts[1:]) if b >= long_start and x <= long_end])
+        # neighbours (strict=False: ts[1:] is one shorter)
+        gap = max([gap] + [b - x for x, b in zip(ts, ts[1:], strict=False) if b >= long_start and x <= long_end])
     finished = sum(1 for d in decodes if d.get("finish") in ("length", "stop") and not d.get("error"))
     needles = [f or 0 for f in found]
     ok = finished == a.stress_decodes and all(n == len(LABELS) for n in needles)
@@ -423,8 +424,10 @@ def gate_greedy(client: Client, a) -> Result:
         ref = json.load(f)
     if ref.get("prompts") != PROMPTS[: a.greedy_prompts] or ref.get("max_tokens") != a.greedy_tokens:
         return result("greedy", False, {}, [f"{a.greedy_compare} was recorded with other prompts or lengths"])
-    same = [x == y for x, y in zip(ids, ref["token_ids"])]
-    first = [next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y))) for x, y in zip(ids, ref["token_ids"])]
+    # strict=False throughout: a recording may hold fewer prompts or other lengths; both are reported below
+    same = [x == y for x, y in zip(ids, ref["token_ids"], strict=False)]
+    first = [next((k for k, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+             for x, y in zip(ids, ref["token_ids"], strict=False)]
     return result("greedy", all(same) and len(same) == len(ids), {"identical": sum(same), "of": len(ids)},
                   [{"prompt": i, "identical": s, "first_difference": None if s else first[i]} for i, s in enumerate(same)])
 

@@ -30,7 +30,8 @@ def timed_completion(client: Client, prompt: str, max_tokens: int, ignore_eos: b
 
 def gate_decode(client: Client, opts) -> Result:
     details, figures, ok = {}, [], True
-    for length, floor in zip(opts.decode_lengths, opts.decode_floors):
+    # strict=False: the two command-line lists pair up to the shorter, as they always have
+    for length, floor in zip(opts.decode_lengths, opts.decode_floors, strict=False):
         warm, _, _ = sized_document(client, length, seed=10_000 + length)
         timed_completion(client, warm, opts.decode_tokens, True)  # compiles this shape
         prompt, tokens, counted = sized_document(client, length, seed=20_000 + length)

@@ -6,7 +6,6 @@ import random
 
 from .client import Client
 
-
 WORDS = {
     "adj": "quiet amber narrow distant patient wooden silver early gentle northern crowded hollow bright ancient humid".split(),
     "noun": "river lantern orchard engine library harbour meadow bridge workshop garden tower market valley archive kitchen".split(),

@@ -11,7 +11,6 @@ import zlib
 from .client import Client, Result
 from .needles import answer_text
 
-
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 50), "blue": (30, 60, 220), "yellow": (240, 220, 30), "black": (0, 0, 0), "white": (255, 255, 255)}
 
 

@@ -7,7 +7,6 @@ import hashlib
 from .client import Client, Result
 from .documents import kilo, sized_document
 
-
 DOORS = [("red", 0.10), ("green", 0.50), ("blue", 0.90)]
 
 

@@ -9,7 +9,6 @@ from .client import Client, Result
 from .documents import kilo, sized_document
 from .needles import answer_text, needle_code
 
-
 WEATHER = {
     "type": "function",
     "function": {
