@@ -98,7 +98,8 @@ def _check_dsa_threshold(vllm_config) -> None:
         raise ValueError(
             f"GLM_DSA_SPARSE=1 with --max-model-len {max_len}: on CPU the port runs dense attention, "
             f"which is the model's DSA only up to {SEED_THRESHOLD} keys; the top-k above that is not "
-            f"built for vLLM's CPU path. Use --max-model-len <= {SEED_THRESHOLD} or GLM_DSA_SPARSE=0.")
+            f"built for vLLM's CPU path. Use --max-model-len <= {SEED_THRESHOLD} or GLM_DSA_SPARSE=0."
+        )
 
 
 class GlmMoeDsaCpuForCausalLM(GlmMoeDsaForCausalLM):
@@ -116,7 +117,9 @@ class GlmMoeDsaCpuMTP(DeepSeekMTP):
     def __init__(self, *, vllm_config, prefix: str = ""):
         spec = vllm_config.speculative_config
         draft = spec.draft_model_config if spec is not None else None
-        configs = [vllm_config.model_config] + ([draft] if draft is not None and draft is not vllm_config.model_config else [])
+        configs = [vllm_config.model_config] + (
+            [draft] if draft is not None and draft is not vllm_config.model_config else []
+        )
         with _dense_configs(*configs):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
 
@@ -137,8 +140,10 @@ class Mxfp4CpuMoEMethod(FusedMoEMethodBase):
         super().__init__(moe)
         switches = read_switches()
         if switches.mxk or switches.mxk_prefill:
-            raise SwitchError("GLM_MXK / GLM_MXK_PREFILL = 1 on CPU: the MXFP4 MoE kernels run on HPU only; "
-                              "unset them (auto) or set 0 for the reference path")
+            raise SwitchError(
+                "GLM_MXK / GLM_MXK_PREFILL = 1 on CPU: the MXFP4 MoE kernels run on HPU only; "
+                "unset them (auto) or set 0 for the reference path"
+            )
         self.layer_id = layer_id
         self.placement_file = switches.moe_placement
         self.experts: MxfpExperts | None = None
@@ -163,8 +168,12 @@ class Mxfp4CpuMoEMethod(FusedMoEMethodBase):
             for g, s in enumerate(emap.tolist()):
                 if s >= 0:
                     ids[s] = g
-        w13, s13, w2, s2 = (layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data,
-                            layer.w2_weight_scale.data)
+        w13, s13, w2, s2 = (
+            layer.w13_weight.data,
+            layer.w13_weight_scale.data,
+            layer.w2_weight.data,
+            layer.w2_weight_scale.data,
+        )
         if self.placement_file is not None and emap is not None:
             raise NotImplementedError("GLM_MOE_PLACEMENT with expert parallelism is not built for the CPU path")
         if self.placement_file is not None:
@@ -227,8 +236,17 @@ def register_quantization() -> None:
 
 
 # ------------------------------------------------------------------ speculative decoding on CPU
-def rejection_greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids,
-                            is_greedy, max_spec_len, uniform_probs, synthetic_conditional_rates):
+def rejection_greedy_sample(
+    output_token_ids,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    target_argmax,
+    bonus_token_ids,
+    is_greedy,
+    max_spec_len,
+    uniform_probs,
+    synthetic_conditional_rates,
+):
     """vLLM 0.30.0's greedy rejection (``rejection_greedy_sample_kernel``, Triton only) in torch:
     per greedy request, keep the target's argmax at each draft position up to and including the
     first one where the draft differs; if none differs, append the bonus token."""
@@ -258,7 +276,8 @@ rejection_greedy_sample.register_warmup = lambda **kwargs: None  # type: ignore[
 def _no_random_rejection(*args, **kwargs):
     raise NotImplementedError(
         "speculative decoding of a request with temperature > 0 on CPU: vLLM 0.30.0's rejection sampler "
-        "runs Triton kernels, and glm5_hpu provides the greedy rejection only")
+        "runs Triton kernels, and glm5_hpu provides the greedy rejection only"
+    )
 
 
 def register_rejection_sampler() -> None:

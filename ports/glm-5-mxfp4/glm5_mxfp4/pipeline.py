@@ -41,7 +41,7 @@ def aligned_buffer(size: int) -> np.ndarray:
     """A uint8 buffer whose address is a multiple of ALIGN, with room to read whole aligned blocks."""
     raw = np.empty(size + 3 * ALIGN, dtype=np.uint8)
     skip = (-raw.ctypes.data) % ALIGN
-    return raw[skip:skip + size + 2 * ALIGN]
+    return raw[skip : skip + size + 2 * ALIGN]
 
 
 class SourceReader:
@@ -70,13 +70,13 @@ class SourceReader:
                 mv = memoryview(buf)
                 while got < skip + n:
                     if got % ALIGN:  # a short read left us unaligned: finish the plain way
-                        _pread_into(self.fd, mv[got:skip + n], start + got)
+                        _pread_into(self.fd, mv[got : skip + n], start + got)
                         break
                     r = os.preadv(self.dfd, [mv[got:length]], start + got)
                     if r <= 0:
                         raise OSError(f"{self.path}: short read at offset {start + got}")
                     got += r
-                return buf[skip:skip + n]
+                return buf[skip : skip + n]
         _pread_into(self.fd, memoryview(buf)[:n], begin)
         return buf[:n]
 
@@ -199,7 +199,7 @@ class OutputFile:
             return
         while len(mv):
             n = min(len(mv), STAGE - self.fill)
-            self.stage[self.fill:self.fill + n] = mv[:n]
+            self.stage[self.fill : self.fill + n] = mv[:n]
             self.fill += n
             mv = mv[n:]
             if self.fill == STAGE:
@@ -280,7 +280,7 @@ class OutputFile:
         if self.fill > whole:  # the last partial block: O_DIRECT takes whole blocks only
             if self._direct_flag():
                 self._to_plain()
-            tail = memoryview(self.stage)[whole:self.fill]
+            tail = memoryview(self.stage)[whole : self.fill]
             done = 0
             while done < len(tail):
                 done += os.pwrite(self.fd, tail[done:], self.pos + whole + done)
@@ -343,16 +343,18 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
                     x2 = data.view(np.uint16).reshape(rows, k)
                     n_q = rows * (k // 2)
                     q2 = item.out[:n_q].reshape(rows, k // 2)
-                    s2 = item.out[n_q:n_q + rows * (k // mxfp4.BLOCK)].reshape(rows, k // mxfp4.BLOCK)
+                    s2 = item.out[n_q : n_q + rows * (k // mxfp4.BLOCK)].reshape(rows, k // mxfp4.BLOCK)
                     # the whole tensor in one call each: hashing and quantizing it in cache-sized
                     # chunks cost more CPU time here (more calls, more GIL hand-overs), not less
                     item.digest = blake3.blake3(data).hexdigest()
                     mxfp4.quantize_rows(x2, mode, q2, s2, 0, rows)
-                    item.data = item.out[:n_q + rows * (k // mxfp4.BLOCK)]
+                    item.data = item.out[: n_q + rows * (k // mxfp4.BLOCK)]
             except mxfp4.NonFiniteError as exc:
-                item.error = InputError(f"{src.headers[item.tensor.shard].path}: tensor {item.tensor.name} has a "
-                                        f"non-finite value ({exc.value}) at index {list(exc.index)}; nothing is "
-                                        "quantized from it")
+                item.error = InputError(
+                    f"{src.headers[item.tensor.shard].path}: tensor {item.tensor.name} has a "
+                    f"non-finite value ({exc.value}) at index {list(exc.index)}; nothing is "
+                    "quantized from it"
+                )
                 fail(item.error)
             except BaseException as exc:
                 item.error = exc
@@ -464,8 +466,16 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
     fsync_dir(os.path.dirname(out_path))
     crashpoint(f"{unit}: output renamed, before record")
     return {
-        "tensors": {t.name: {"shard": t.shard, "dtype": t.entry.dtype, "shape": list(t.entry.shape),
-                             "quantized": t.quantized, "blake3": hashes[t.name]} for t in tensors},
+        "tensors": {
+            t.name: {
+                "shard": t.shard,
+                "dtype": t.entry.dtype,
+                "shape": list(t.entry.shape),
+                "quantized": t.quantized,
+                "blake3": hashes[t.name],
+            }
+            for t in tensors
+        },
         "outputs": {s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in specs},
         "output_size": out.written,
         "output_blake3": out_hash.hexdigest(),

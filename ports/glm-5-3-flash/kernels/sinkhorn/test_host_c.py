@@ -35,8 +35,18 @@ def kernel(tmp_path_factory):
         pytest.skip("no C compiler on this machine")
     lib = tmp_path_factory.mktemp("sinkhorn") / "libsinkhorn_host.so"
     # -ffp-contract=off: every add and multiply rounds on its own, as build.sh compiles the kernel.
-    cmd = [cc, "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-Wno-unknown-pragmas", "-Wno-psabi",
-           "-o", str(lib), str(HERE / "host" / "host_driver.c")]
+    cmd = [
+        cc,
+        "-O2",
+        "-ffp-contract=off",
+        "-fPIC",
+        "-shared",
+        "-Wno-unknown-pragmas",
+        "-Wno-psabi",
+        "-o",
+        str(lib),
+        str(HERE / "host" / "host_driver.c"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     so = ctypes.CDLL(str(lib))

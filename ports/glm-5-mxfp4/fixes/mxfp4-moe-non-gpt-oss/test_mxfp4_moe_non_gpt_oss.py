@@ -16,13 +16,34 @@ def moe_config(ep_size=1, ep_rank=0, num_experts=E):
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType
 
-    par = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=1, ep_size=ep_size, tp_rank=0, pcp_rank=0, dp_rank=0,
-                                 ep_rank=ep_rank, sp_size=1, use_ep=ep_size > 1, all2all_backend="naive", enable_eplb=False)
+    par = FusedMoEParallelConfig(
+        tp_size=1,
+        pcp_size=1,
+        dp_size=1,
+        ep_size=ep_size,
+        tp_rank=0,
+        pcp_rank=0,
+        dp_rank=0,
+        ep_rank=ep_rank,
+        sp_size=1,
+        use_ep=ep_size > 1,
+        all2all_backend="naive",
+        enable_eplb=False,
+    )
     local = num_experts // ep_size
-    return FusedMoEConfig(num_experts=num_experts, experts_per_token=2, hidden_dim=H, intermediate_size=M,
-                          num_local_experts=local, num_logical_experts=num_experts, activation=MoEActivation.SILU,
-                          device="cpu", routing_method=RoutingMethodType.DeepSeekV3, moe_parallel_config=par,
-                          in_dtype=torch.bfloat16)
+    return FusedMoEConfig(
+        num_experts=num_experts,
+        experts_per_token=2,
+        hidden_dim=H,
+        intermediate_size=M,
+        num_local_experts=local,
+        num_logical_experts=num_experts,
+        activation=MoEActivation.SILU,
+        device="cpu",
+        routing_method=RoutingMethodType.DeepSeekV3,
+        moe_parallel_config=par,
+        in_dtype=torch.bfloat16,
+    )
 
 
 @pytest.fixture()
@@ -86,8 +107,12 @@ def test_the_hpu_op_takes_each_experts_packed_weights_and_scales(mx):
     op = layer.moe_op
     assert (op.experts_min, op.experts_max, op.has_bias, op.block_size) == (0, E - 1, False, 32)
     for e in range(E):
-        assert torch.equal(op.w13_list[e].weight, layer.w13_weight[e]) and torch.equal(op.w13_list[e].scale, layer.w13_weight_scale[e])
-        assert torch.equal(op.w2_list[e].weight, layer.w2_weight[e]) and torch.equal(op.w2_list[e].scale, layer.w2_weight_scale[e])
+        assert torch.equal(op.w13_list[e].weight, layer.w13_weight[e]) and torch.equal(
+            op.w13_list[e].scale, layer.w13_weight_scale[e]
+        )
+        assert torch.equal(op.w2_list[e].weight, layer.w2_weight[e]) and torch.equal(
+            op.w2_list[e].scale, layer.w2_weight_scale[e]
+        )
 
 
 @pytest.mark.red_raises("NotImplementedError")
