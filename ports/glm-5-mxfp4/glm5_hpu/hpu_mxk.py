@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -125,7 +126,8 @@ class GlmMxkMoEOp(torch.nn.Module):
         self.kernels = kernels
         self.w13, self.s13, self.w2, self.s2 = experts
         self.decode, self.prefill = decode, prefill
-        self.experts_min, self.experts_max = int(stock.experts_min), int(stock.experts_max)
+        op = cast(Any, stock)  # vllm-gaudi's op: its expert range is plain ints, not submodules
+        self.experts_min, self.experts_max = int(op.experts_min), int(op.experts_max)
 
     def path(self, tokens: int) -> str:
         """Which computation a call of ``tokens`` rows takes: "gemv", "unpack" or "stock"."""

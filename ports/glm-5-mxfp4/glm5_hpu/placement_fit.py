@@ -72,6 +72,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import placement
 
@@ -143,8 +144,8 @@ def _exchange(counts: Sequence[int], groups: list[list[int]]) -> list[list[int]]
                 best = (int(worst[i, j]), b, int(i), int(j))
         if best is None:
             return groups
-        _, b, i, j = best
-        groups[a][i], groups[b][j] = groups[b][j], groups[a][i]
+        _, b, ia, ib = best
+        groups[a][ia], groups[b][ib] = groups[b][ib], groups[a][ia]
 
 
 def _exact(counts: Sequence[int], n_groups: int, start: list[list[int]]) -> list[list[int]]:
@@ -153,7 +154,7 @@ def _exact(counts: Sequence[int], n_groups: int, start: list[list[int]]) -> list
     first; an empty group is tried once per step (empty groups are interchangeable)."""
     k = len(counts) // n_groups
     items = sorted(range(len(counts)), key=lambda e: (-counts[e], e))
-    best = [max(sum(counts[e] for e in g) for g in start), [list(g) for g in start]]
+    best: list[Any] = [max(sum(counts[e] for e in g) for g in start), [list(g) for g in start]]  # [load, grouping]
     groups: list[list[int]] = [[] for _ in range(n_groups)]
     loads = [0] * n_groups
 
@@ -426,6 +427,7 @@ def collect(
     cfg = ckpt.config
     n, eps = cfg.num_hidden_layers, cfg.rms_norm_eps
     view = copy.deepcopy(cfg)  # the MTP layer has its own indexer (vLLM's DeepSeekMTP builds one)
+    assert cfg.indexer_types is not None, "a GLM-5.3 config names each layer's indexer"
     view.indexer_types = list(cfg.indexer_types) + ["full"] * ckpt.mtp
     moe = set(placement.moe_layers(cfg))
     e_count = cfg.n_routed_experts

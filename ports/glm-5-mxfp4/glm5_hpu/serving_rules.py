@@ -199,7 +199,7 @@ def recipe_problems(data: dict) -> list[tuple[str, str | None]]:
 
     tp, moe_tp = args.get("--tensor-parallel-size", 1), env.get("GLM_MOE_TP", 1)
     try:
-        divides = int(tp) % int(moe_tp) == 0  # type: ignore[arg-type]
+        divides = int(tp) % int(moe_tp) == 0  # type: ignore[call-overload]
     except (TypeError, ValueError, ZeroDivisionError):
         divides = False
     out.append(

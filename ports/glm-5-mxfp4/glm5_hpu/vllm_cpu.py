@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from typing import cast
 
 import torch
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
@@ -178,7 +179,9 @@ class Mxfp4CpuMoEMethod(FusedMoEMethodBase):
             raise NotImplementedError("GLM_MOE_PLACEMENT with expert parallelism is not built for the CPU path")
         if self.placement_file is not None:
             # GLM_MOE_PLACEMENT: store the experts in the file's order for this layer (storage only)
-            order = port_placement.from_switch(self.placement_file, self._hf_config).order(self.layer_id)
+            # a prefix without layers.N (layer_id None) has no entry in the file: the checkpoint's order
+            layer = cast(int, self.layer_id)
+            order = port_placement.from_switch(self.placement_file, self._hf_config).order(layer)
             perm = torch.tensor(order)
             w13, s13, w2, s2 = (t[perm].contiguous() for t in (w13, s13, w2, s2))
             ids = list(order)
@@ -203,7 +206,7 @@ class Glm5Mxfp4CpuConfig(Mxfp4Config):
         conv = config.get("converter")
         return cls(glm5_converter=conv if isinstance(conv, str) and conv.startswith(CONVERTER) else None)
 
-    def get_supported_act_dtypes(self):  # type: ignore[override]
+    def get_supported_act_dtypes(self):
         if self.glm5_converter:
             return [torch.bfloat16, torch.float32]
         return super().get_supported_act_dtypes()

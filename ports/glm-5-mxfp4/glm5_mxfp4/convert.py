@@ -361,13 +361,13 @@ def verify(src: Source, dest: Dest, sample: int | None = None, quiet: bool = Fal
                         if a != b:
                             mismatches.append(f"{out_h.path}: tensor {t.name} differs from the source")
                     elif t.name in chosen:
-                        q, s = mxfp4.quantize(
+                        q, scales = mxfp4.quantize(
                             mxfp4.as_bf16_bits(_read(fs, t.entry)).reshape(t.entry.shape), plan["scale_mode"]
                         )
                         checked["quantized"] += 1
                         if q.tobytes() != _read(fo, out_h.entries[t.name]):
                             mismatches.append(f"{out_h.path}: tensor {t.name} is not the re-quantization of the source")
-                        if s.tobytes() != _read(fo, out_h.entries[t.name + "_scale"]):
+                        if scales.tobytes() != _read(fo, out_h.entries[t.name + "_scale"]):
                             mismatches.append(
                                 f"{out_h.path}: tensor {t.name}_scale is not the re-quantization of the source"
                             )

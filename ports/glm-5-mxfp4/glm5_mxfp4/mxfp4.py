@@ -189,8 +189,8 @@ def as_bf16_bits(x) -> np.ndarray:
     try:
         import torch
     except ImportError:  # pragma: no cover
-        torch = None
-    if torch is not None and isinstance(x, torch.Tensor):
+        raise TypeError(f"cannot read bf16 bits from {type(x).__name__}") from None
+    if isinstance(x, torch.Tensor):
         if x.dtype != torch.bfloat16:
             raise TypeError(f"expected a bfloat16 tensor, got {x.dtype}")
         return x.contiguous().view(torch.int16).numpy().view(np.uint16)

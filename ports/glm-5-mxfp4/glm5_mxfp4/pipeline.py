@@ -67,7 +67,7 @@ class SourceReader:
             length = -(-(skip + n) // ALIGN) * ALIGN
             if length <= len(buf):
                 got = 0
-                mv = memoryview(buf)
+                mv = buf.data
                 while got < skip + n:
                     if got % ALIGN:  # a short read left us unaligned: finish the plain way
                         _pread_into(self.fd, mv[got : skip + n], start + got)
@@ -77,7 +77,7 @@ class SourceReader:
                         raise OSError(f"{self.path}: short read at offset {start + got}")
                     got += r
                 return buf[skip : skip + n]
-        _pread_into(self.fd, memoryview(buf)[:n], begin)
+        _pread_into(self.fd, buf.data[:n], begin)
         return buf[:n]
 
     def drop(self, begin: int, n: int) -> None:
@@ -163,20 +163,19 @@ class OutputFile:
     def __init__(self, path: str):
         self.path = path
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        self.fd = None
+        fd = None
         if DIRECT_WRITES and hasattr(os, "O_DIRECT"):
             try:
-                self.fd = os.open(path, flags | os.O_DIRECT, 0o644)
+                fd = os.open(path, flags | os.O_DIRECT, 0o644)
             except OSError:  # e.g. tmpfs
-                self.fd = None
-        self.direct = self.fd is not None
-        if self.fd is None:
-            self.fd = os.open(path, flags, 0o644)
+                fd = None
+        self.direct = fd is not None
+        self.fd: int = os.open(path, flags, 0o644) if fd is None else fd
         self.fill = 0  # bytes waiting in `stage`
         self.written = 0  # bytes accepted
         self.pos = 0  # file offset of stage[0]
         self.since_sync = 0
-        self.stage = None
+        self.stage: np.ndarray | None = None
         self._flushers: list[threading.Thread] = []
         self._errors: list[BaseException] = []
         # staged: every byte goes through the staging buffers and pwrite at its offset, even if the
@@ -197,6 +196,7 @@ class OutputFile:
         if not self.staged:
             self._plain(mv)
             return
+        assert self.stage is not None, "write after finish"
         while len(mv):
             n = min(len(mv), STAGE - self.fill)
             self.stage[self.fill : self.fill + n] = mv[:n]
@@ -223,7 +223,7 @@ class OutputFile:
     def _pwrite(self, buf: np.ndarray, pos: int, n: int) -> None:
         """Bytes [0, n) of `buf` at `pos`: direct while the file system takes it, else plain (a file
         system that opens with O_DIRECT but refuses the write)."""
-        mv = memoryview(buf)
+        mv = buf.data
         done = 0
         while done < n:
             try:
@@ -280,7 +280,7 @@ class OutputFile:
         if self.fill > whole:  # the last partial block: O_DIRECT takes whole blocks only
             if self._direct_flag():
                 self._to_plain()
-            tail = memoryview(self.stage)[whole : self.fill]
+            tail = self.stage.data[whole : self.fill]
             done = 0
             while done < len(tail):
                 done += os.pwrite(self.fd, tail[done:], self.pos + whole + done)
