@@ -32,6 +32,7 @@ import tempfile
 import time
 
 import numpy as np
+
 from glm5_mxfp4 import mxfp4, pipeline, st
 from glm5_mxfp4.pipeline import CHUNK, SourceReader, aligned_buffer
 from glm5_mxfp4.source import Source

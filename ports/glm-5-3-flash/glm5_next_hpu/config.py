@@ -35,7 +35,9 @@ def validate_config(config: Any, tp_size: int = 1, prefix_caching: bool = False,
     if bad_types:
         problems.append(f"unknown layer_types {bad_types}")
     if any(kind == "shared" for kind in t.indexer_types):
-        problems.append("indexer_types 'shared' is not served: every MLA layer follows a KDA layer, which has no top-k to share")
+        problems.append(
+            "indexer_types 'shared' is not served: every MLA layer follows a KDA layer, which has no top-k to share"
+        )
     if tp_size < 1:
         problems.append(f"tp_size must be >= 1, got {tp_size}")
     else:
@@ -51,6 +53,10 @@ def validate_config(config: Any, tp_size: int = 1, prefix_caching: bool = False,
                 problems.append(f"{name} ({value}) is not divisible by the tensor-parallel size {tp_size}")
         # Expert parallelism places whole routed experts on each of the TP ranks.
         if expert_parallel and t.n_routed_experts % tp_size:
-            problems.append(f"n_routed_experts ({t.n_routed_experts}) is not divisible by the expert-parallel size {tp_size}")
+            problems.append(
+                f"n_routed_experts ({t.n_routed_experts}) is not divisible by the expert-parallel size {tp_size}"
+            )
     if problems:
-        raise UnsupportedConfigError("GLM-5.3-Flash port cannot serve this configuration:\n  - " + "\n  - ".join(problems))
+        raise UnsupportedConfigError(
+            "GLM-5.3-Flash port cannot serve this configuration:\n  - " + "\n  - ".join(problems)
+        )

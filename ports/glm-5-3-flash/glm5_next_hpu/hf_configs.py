@@ -61,7 +61,9 @@ def _top_post_init(self, **kwargs) -> None:
     text_cls, vision_cls = _classes[TEXT_MODEL_TYPE], _classes[VISION_MODEL_TYPE]
     if self.text_config is None:
         # Flat (text-only) layout: the text fields sit at the top level.
-        self.text_config = text_cls(**{k: v for k, v in kwargs.items() if k in TEXT_FIELDS or k == "linear_attn_config"})
+        self.text_config = text_cls(
+            **{k: v for k, v in kwargs.items() if k in TEXT_FIELDS or k == "linear_attn_config"}
+        )
     elif isinstance(self.text_config, dict):
         self.text_config = text_cls(**self.text_config)
     if self.vision_config is None:
@@ -94,20 +96,40 @@ def config_classes() -> dict[str, type]:
         return type(name, (PretrainedConfig,), ns)
 
     text = make(
-        "Glm5NextTextConfig", TEXT_MODEL_TYPE, TEXT_FIELDS, _text_post_init,
-        {"base_config_key": "text_config", "attribute_map": {"num_local_experts": "n_routed_experts"},
-         "keys_to_ignore_at_inference": ["past_key_values"]},
+        "Glm5NextTextConfig",
+        TEXT_MODEL_TYPE,
+        TEXT_FIELDS,
+        _text_post_init,
+        {
+            "base_config_key": "text_config",
+            "attribute_map": {"num_local_experts": "n_routed_experts"},
+            "keys_to_ignore_at_inference": ["past_key_values"],
+        },
     )
     vision = make(
-        "Glm5NextVisionConfig", VISION_MODEL_TYPE, VISION_FIELDS, lambda self, **kw: self._glm5_base_post_init(**kw),
-        {"base_config_key": "vision_config", "default_rope_type": "axial", "attribute_map": {"num_attention_heads": "num_heads", "num_hidden_layers": "depth"}},
+        "Glm5NextVisionConfig",
+        VISION_MODEL_TYPE,
+        VISION_FIELDS,
+        lambda self, **kw: self._glm5_base_post_init(**kw),
+        {
+            "base_config_key": "vision_config",
+            "default_rope_type": "axial",
+            "attribute_map": {"num_attention_heads": "num_heads", "num_hidden_layers": "depth"},
+        },
     )
     _classes.update({TEXT_MODEL_TYPE: text, VISION_MODEL_TYPE: vision})
     top = make(
-        "Glm5NextConfig", MODEL_TYPE, TOP_FIELDS, _top_post_init,
-        {"__annotations__": {"text_config": Any, "vision_config": Any}, "text_config": None, "vision_config": None,
-         "sub_configs": {"text_config": text, "vision_config": vision},
-         "keys_to_ignore_at_inference": ["past_key_values"]},
+        "Glm5NextConfig",
+        MODEL_TYPE,
+        TOP_FIELDS,
+        _top_post_init,
+        {
+            "__annotations__": {"text_config": Any, "vision_config": Any},
+            "text_config": None,
+            "vision_config": None,
+            "sub_configs": {"text_config": text, "vision_config": vision},
+            "keys_to_ignore_at_inference": ["past_key_values"],
+        },
     )
     _classes[MODEL_TYPE] = top
     return _classes

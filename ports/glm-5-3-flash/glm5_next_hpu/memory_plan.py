@@ -60,7 +60,9 @@ from pathlib import Path
 
 GIB = 2**30
 CARDS = {"gaudi2": 96 * 10**9, "gaudi3": 128 * 10**9}  # HBM per card, bytes (96 GB = 89.4 GiB)
-HPU_KERNEL_BLOCK = 128  # vllm-gaudi v0.26.0 HPUAttentionBackend / HPUMLAAttentionBackend.get_supported_kernel_block_sizes()
+HPU_KERNEL_BLOCK = (
+    128  # vllm-gaudi v0.26.0 HPUAttentionBackend / HPUMLAAttentionBackend.get_supported_kernel_block_sizes()
+)
 FP8_BLOCK = 128
 
 # Modules the port builds with vLLM's quantization method on HPU (parallel.make_linear), by
@@ -158,7 +160,7 @@ def recipe_args(recipe: Path) -> tuple[dict, dict]:
     data = yaml.safe_load(recipe.read_text()) or {}
     kwargs: dict = {}
     for item in (data.get("serve") or {}).get("args") or []:
-        flag, value = (next(iter(item.items())) if isinstance(item, dict) else (item, True))
+        flag, value = next(iter(item.items())) if isinstance(item, dict) else (item, True)
         if flag not in ARG_MAP:
             continue
         if flag == "--no-enable-prefix-caching":
@@ -206,7 +208,10 @@ def _init_single_process(vllm_config) -> None:
         return
     with set_current_vllm_config(vllm_config):
         init_distributed_environment(
-            world_size=1, rank=0, local_rank=0, backend="gloo",
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
             distributed_init_method="file://" + tempfile.mktemp(prefix="glm5-memory-plan-"),
         )
         initialize_model_parallel(1)
@@ -240,9 +245,21 @@ def weight_bytes(model, skipped: list[str] | None, experts: str, dtype_bytes: in
     modules_to_not_convert, None for a checkpoint without FP8 (every projection in the model dtype)."""
     from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
-    out = {k: 0 for k in ("routed experts", "KDA layers", "MLA layers", "MLA W_UK_T + W_UV (vllm-gaudi)",
-                          "MoE shared experts + router", "dense MLPs", "mHC", "norms", "vision tower",
-                          "embedding + lm_head")}
+    out = {
+        k: 0
+        for k in (
+            "routed experts",
+            "KDA layers",
+            "MLA layers",
+            "MLA W_UK_T + W_UV (vllm-gaudi)",
+            "MoE shared experts + router",
+            "dense MLPs",
+            "mHC",
+            "norms",
+            "vision tower",
+            "embedding + lm_head",
+        )
+    }
     # Buffers live on the card beside the parameters (the vision tower's inv_freq), at their size.
     for name, p in [*model.named_parameters(), *model.named_buffers()]:
         module = name.rsplit(".", 1)[0]
@@ -256,8 +273,12 @@ def weight_bytes(model, skipped: list[str] | None, experts: str, dtype_bytes: in
             else:  # built without the checkpoint's FP8 spec
                 out["routed experts"] += fp8_at_rest(shape)
             continue
-        quant = (skipped is not None and FP8_LINEAR.search(module) is not None and name.endswith(".weight")
-                 and not is_layer_skipped(module, skipped))
+        quant = (
+            skipped is not None
+            and FP8_LINEAR.search(module) is not None
+            and name.endswith(".weight")
+            and not is_layer_skipped(module, skipped)
+        )
         size = fp8_at_rest(shape) if quant else p.numel() * p.element_size()
         if module.endswith("self_attn.kv_b_proj") and name.endswith(".weight"):
             out["MLA W_UK_T + W_UV (vllm-gaudi)"] += p.numel() * dtype_bytes
@@ -292,7 +313,9 @@ VALUE_CACHE_FIX = "hybrid-mla-no-value-cache"
 VALUE_CACHE_ROW = f"MLA value cache (release without {VALUE_CACHE_FIX}: allocated, never read)"
 
 
-def kv_bytes(model, vllm_config, max_num_seqs: int, release_kv: bool = False) -> tuple[dict[str, int], int, int, int, int]:
+def kv_bytes(
+    model, vllm_config, max_num_seqs: int, release_kv: bool = False
+) -> tuple[dict[str, int], int, int, int, int]:
     """({component: bytes} as vllm-gaudi's hybrid path allocates, block size, num_blocks, the bytes
     vLLM's own KVCacheConfig accounts for, the MLA value cache the port's patch
     hybrid-mla-no-value-cache leaves out). With the port applied (install.sh) the runner allocates
@@ -316,7 +339,10 @@ def kv_bytes(model, vllm_config, max_num_seqs: int, release_kv: bool = False) ->
             specs[layer.self_attn.prefix] = layer.self_attn.get_kv_cache_spec(vllm_config)
         else:
             specs[f"model.language_model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
-                block_size=cc.block_size, num_kv_heads=mc.get_num_kv_heads(pc), head_size=mc.get_head_size(), dtype=kv_dtype,
+                block_size=cc.block_size,
+                num_kv_heads=mc.get_num_kv_heads(pc),
+                head_size=mc.get_head_size(),
+                dtype=kv_dtype,
             )
     groups = get_kv_cache_groups(vllm_config, specs)
     kvc = get_kv_cache_config_from_groups(vllm_config, groups, available_memory=1 << 50)
@@ -342,8 +368,14 @@ def kv_bytes(model, vllm_config, max_num_seqs: int, release_kv: bool = False) ->
     return out, cc.block_size, n, sum(t.size for t in kvc.kv_cache_tensors), value_cache
 
 
-def plan(recipe: Path, experts: str = "fp8", model_dir: Path | None = None, card: str = "gaudi2", rank: int = 0,
-         release_kv: bool = False) -> Plan:
+def plan(
+    recipe: Path,
+    experts: str = "fp8",
+    model_dir: Path | None = None,
+    card: str = "gaudi2",
+    rank: int = 0,
+    release_kv: bool = False,
+) -> Plan:
     kwargs, switches = recipe_args(recipe)
     for name, value in switches.items():
         os.environ[name] = value  # the recipe's switches (GLM5_NEXT_VISION builds the tower)
@@ -362,17 +394,32 @@ def plan(recipe: Path, experts: str = "fp8", model_dir: Path | None = None, card
     qc = json.loads((Path(model_dir) / "config.json").read_text()).get("quantization_config") or {}
     skipped = list(qc.get("modules_to_not_convert") or [])
     if qc and (qc.get("quant_method") != "fp8" or list(qc.get("weight_block_size") or []) != [FP8_BLOCK, FP8_BLOCK]):
-        raise PlanError(f"quantization_config {qc.get('quant_method')!r} {qc.get('weight_block_size')}: the plan knows block FP8 128 x 128")
+        raise PlanError(
+            f"quantization_config {qc.get('quant_method')!r} {qc.get('weight_block_size')}: the plan knows block FP8 128 x 128"
+        )
     if not qc and experts == "fp8":
         raise PlanError("the checkpoint is not block FP8: --experts fp8 has no FP8 experts to keep")
     model = build_rank_model(vllm_config, rank)
     dtype_bytes = vllm_config.model_config.dtype.itemsize
     weights = weight_bytes(model, skipped if qc else None, experts, dtype_bytes)
     pc = vllm_config.parallel_config
-    kv, block, n, accounting, value_cache = kv_bytes(model, vllm_config, vllm_config.scheduler_config.max_num_seqs, release_kv)
-    p = Plan(card=card, card_bytes=CARDS[card], utilization=vllm_config.cache_config.gpu_memory_utilization,
-             experts=experts, tp=pc.tensor_parallel_size, ep=bool(pc.enable_expert_parallel), rank=rank,
-             block_size=block, num_blocks=n, mla_detection=mla, weights=weights, kv=kv)
+    kv, block, n, accounting, value_cache = kv_bytes(
+        model, vllm_config, vllm_config.scheduler_config.max_num_seqs, release_kv
+    )
+    p = Plan(
+        card=card,
+        card_bytes=CARDS[card],
+        utilization=vllm_config.cache_config.gpu_memory_utilization,
+        experts=experts,
+        tp=pc.tensor_parallel_size,
+        ep=bool(pc.enable_expert_parallel),
+        rank=rank,
+        block_size=block,
+        num_blocks=n,
+        mla_detection=mla,
+        weights=weights,
+        kv=kv,
+    )
     p.notes.append(
         f"vLLM accounts {accounting:,} bytes ({accounting / GIB:.2f} GiB) for this KV pool; vllm-gaudi's hybrid path "
         f"allocates {p.kv_bytes:,} ({p.kv_bytes / GIB:.2f} GiB): the MLA latent (key) tensors and the compact KDA "
@@ -391,11 +438,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m glm5_next_hpu.memory_plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", required=True, type=Path, help="a recipe.yaml (serve args and switches)")
     ap.add_argument("--experts", choices=("fp8", "bf16"), default="fp8", help="routed experts at rest (default fp8)")
-    ap.add_argument("--model", type=Path, help="a folder with the checkpoint's config.json (default: the release's config)")
+    ap.add_argument(
+        "--model", type=Path, help="a folder with the checkpoint's config.json (default: the release's config)"
+    )
     ap.add_argument("--card", choices=sorted(CARDS), default="gaudi2")
     ap.add_argument("--rank", type=int, default=0, help="the TP rank to plan (every rank has the same sizes)")
-    ap.add_argument("--release-kv", action="store_true",
-                    help=f"KV as the release allocates it, without the port's {VALUE_CACHE_FIX} (an unread value cache per MLA layer)")
+    ap.add_argument(
+        "--release-kv",
+        action="store_true",
+        help=f"KV as the release allocates it, without the port's {VALUE_CACHE_FIX} (an unread value cache per MLA layer)",
+    )
     ns = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the plan on stdout, not vLLM's start-up log
     try:

@@ -21,19 +21,56 @@ def tiny_config(index_topk: int = 128, layers: int = 4) -> Glm5NextConfig:
     layer_types = ["linear_attention", "indexed_attention", "linear_attention", "indexed_attention"][:layers]
     mlp_types = ["dense", "sparse", "sparse", "dense"][:layers]
     text = dict(
-        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, routed_scaling_factor=2.5,
-        kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16, v_head_dim=16, qk_rope_head_dim=0,
-        index_topk=index_topk, index_head_dim=16, index_n_heads=4, index_kpool=4,
-        linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
-        layer_types=layer_types, mlp_layer_types=mlp_types, pad_token_id=0, eos_token_id=None,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        routed_scaling_factor=2.5,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        qk_rope_head_dim=0,
+        index_topk=index_topk,
+        index_head_dim=16,
+        index_n_heads=4,
+        index_kpool=4,
+        linear_num_heads=4,
+        linear_head_dim=16,
+        linear_conv_kernel_dim=4,
+        linear_lower_bound=-5.0,
+        layer_types=layer_types,
+        mlp_layer_types=mlp_types,
+        pad_token_id=0,
+        eos_token_id=None,
     )
-    vision = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
-                  projection_intermediate_size=64, patch_size=14, temporal_patch_size=2, spatial_merge_size=2)
-    cfg = Glm5NextConfig(text_config=text, vision_config=vision, image_token_id=IMAGE_TOKEN,
-                         image_start_token_id=248, image_end_token_id=249,
-                         video_start_token_id=246, video_end_token_id=247, video_token_id=245)
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        num_heads=2,
+        intermediate_size=64,
+        out_hidden_size=64,
+        projection_intermediate_size=64,
+        patch_size=14,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+    cfg = Glm5NextConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE_TOKEN,
+        image_start_token_id=248,
+        image_end_token_id=249,
+        video_start_token_id=246,
+        video_end_token_id=247,
+        video_token_id=245,
+    )
     cfg._attn_implementation = "eager"
     cfg.text_config._attn_implementation = "eager"
     cfg.vision_config._attn_implementation = "eager"

@@ -16,8 +16,13 @@ from glm5_next_hpu.vllm.fp8 import (
 )
 from glm5_next_hpu.vllm.loader import CheckpointLoadError, load_checkpoint
 
-QC = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 16],
-      "modules_to_not_convert": ["model.router", "model.visual"]}
+QC = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [16, 16],
+    "modules_to_not_convert": ["model.router", "model.visual"],
+}
 
 
 def _fp8(rows, cols, block, seed=0):
@@ -71,15 +76,18 @@ def test_quantize_round_trip_within_e4m3_precision():
     assert not torch.equal(back, w)  # lossy: the tests below can tell dequantized from original weights
 
 
-@pytest.mark.parametrize("change,match", [
-    ({"quant_method": "gptq"}, "quant_method"),
-    ({"fmt": "e5m2"}, "fmt"),
-    ({"activation_scheme": "static"}, "activation_scheme"),
-    ({"weight_block_size": [128]}, "weight_block_size"),
-    ({"weight_block_size": None}, "weight_block_size"),
-    ({"scale_fmt": "ue8m0"}, "scale_fmt"),
-    ({"modules_to_not_convert": "lm_head"}, "modules_to_not_convert"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"quant_method": "gptq"}, "quant_method"),
+        ({"fmt": "e5m2"}, "fmt"),
+        ({"activation_scheme": "static"}, "activation_scheme"),
+        ({"weight_block_size": [128]}, "weight_block_size"),
+        ({"weight_block_size": None}, "weight_block_size"),
+        ({"scale_fmt": "ue8m0"}, "scale_fmt"),
+        ({"modules_to_not_convert": "lm_head"}, "modules_to_not_convert"),
+    ],
+)
 def test_quantization_config_refusals(change, match):
     with pytest.raises(Fp8CheckpointError, match=match):
         BlockFp8Spec.from_quantization_config({**QC, **change})
@@ -88,8 +96,17 @@ def test_quantization_config_refusals(change, match):
 def test_modules_to_not_convert_matches_as_transformers_does():
     from transformers.quantizers.quantizers_utils import should_convert_module
 
-    spec = BlockFp8Spec.from_quantization_config({**QC, "modules_to_not_convert": ["model.layers.1", "mlp.gate", "lm_head"]})
-    for name in ("model.layers.1.attn", "model.layers.11.attn", "x.mlp.gate", "x.mlp.gate_proj", "lm_head", "model.layers.10"):
+    spec = BlockFp8Spec.from_quantization_config(
+        {**QC, "modules_to_not_convert": ["model.layers.1", "mlp.gate", "lm_head"]}
+    )
+    for name in (
+        "model.layers.1.attn",
+        "model.layers.11.attn",
+        "x.mlp.gate",
+        "x.mlp.gate_proj",
+        "lm_head",
+        "model.layers.10",
+    ):
         assert spec.skipped(name) == (not should_convert_module(name, list(spec.modules_to_not_convert))), name
 
 
@@ -198,7 +215,10 @@ def test_fp8_tensor_of_a_module_not_to_convert_is_refused():
     q, s = quantize_block_fp8(stream["model.router.weight"].float(), (16, 16))
     stream["model.router.weight"], stream["model.router.weight_scale_inv"] = q, s
     msg = _refusal(stream)
-    assert "model.router.weight: stored as torch.float8_e4m3fn but model.router is in quantization_config.modules_to_not_convert" in msg
+    assert (
+        "model.router.weight: stored as torch.float8_e4m3fn but model.router is in quantization_config.modules_to_not_convert"
+        in msg
+    )
 
 
 def test_fp8_tensors_without_a_quantization_config_are_refused():
@@ -231,7 +251,9 @@ def test_fp8_parameter_without_a_scale_parameter_is_refused():
     stream, _ = _toy_checkpoint()
     model = _Toy()
     model.model.proj.weight = nn.Parameter(torch.empty(48, 32, dtype=FP8_DTYPE), requires_grad=False)
-    with pytest.raises(CheckpointLoadError, match=r"model\.proj\.weight_scale_inv: no parameter 'model\.proj\.weight_scale_inv'"):
+    with pytest.raises(
+        CheckpointLoadError, match=r"model\.proj\.weight_scale_inv: no parameter 'model\.proj\.weight_scale_inv'"
+    ):
         load_checkpoint(model, list(stream.items()), num_hidden_layers=1, fp8=SPEC)
 
 
@@ -240,4 +262,3 @@ def test_unquantized_checkpoint_still_loads_without_a_spec():
     stream = {**dense, "model.router.weight": torch.zeros(4, 32)}
     model, report = _load(stream, None)
     assert report.fp8_dequantized == [] and torch.equal(model.model.proj.weight, dense["model.proj.weight"])
-

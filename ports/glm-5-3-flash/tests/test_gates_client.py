@@ -29,8 +29,9 @@ HPU = Path(__file__).resolve().parent / "hpu"
 
 def _load_gates():
     # Under its own name: the pack root has a gates/ folder too (the pack's device gates).
-    spec = importlib.util.spec_from_file_location("glm_gates", HPU / "gates" / "__init__.py",
-                                                  submodule_search_locations=[str(HPU / "gates")])
+    spec = importlib.util.spec_from_file_location(
+        "glm_gates", HPU / "gates" / "__init__.py", submodule_search_locations=[str(HPU / "gates")]
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["glm_gates"] = mod
     spec.loader.exec_module(mod)
@@ -60,7 +61,11 @@ def images_of(content) -> list[str]:
 IMAGE_ORACLE = {}
 for _name, _parts, _expect in gates.image_cases():
     key = tuple(images_of(_parts))
-    IMAGE_ORACLE[key] = str(_expect) if isinstance(_expect, int) else (", ".join(_expect) if isinstance(_expect, list) else _expect.capitalize() + ".")
+    IMAGE_ORACLE[key] = (
+        str(_expect)
+        if isinstance(_expect, int)
+        else (", ".join(_expect) if isinstance(_expect, list) else _expect.capitalize() + ".")
+    )
 
 
 class Behaviour:
@@ -143,7 +148,9 @@ class Server:
                 if not self._count():
                     return
                 if self.path == "/v1/models":
-                    return self._json(200, {"object": "list", "data": [{"id": "zai-org/GLM-5.3-Flash", "object": "model"}]})
+                    return self._json(
+                        200, {"object": "list", "data": [{"id": "zai-org/GLM-5.3-Flash", "object": "model"}]}
+                    )
                 self._json(404, {"error": "not found"})
 
             def do_POST(self):
@@ -157,7 +164,14 @@ class Server:
                     return self.completion(body)
                 if self.path == "/v1/chat/completions":
                     if sum(len(images_of(m.get("content"))) for m in body["messages"]) > b.max_images:
-                        return self._json(400, {"object": "error", "message": f"At most {b.max_images} image(s) may be provided in one prompt.", "code": 400})
+                        return self._json(
+                            400,
+                            {
+                                "object": "error",
+                                "message": f"At most {b.max_images} image(s) may be provided in one prompt.",
+                                "code": 400,
+                            },
+                        )
                     return self.chat(body)
                 self._json(404, {"error": "not found"})
 
@@ -175,7 +189,19 @@ class Server:
                 b = server.behaviour
                 n = int(body.get("max_tokens", 16))
                 if not body.get("stream"):
-                    return self._json(200, {"choices": [{"index": 0, "text": "x" * n, "token_ids": b.token_ids(body["prompt"], n), "finish_reason": "length"}]})
+                    return self._json(
+                        200,
+                        {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "text": "x" * n,
+                                    "token_ids": b.token_ids(body["prompt"], n),
+                                    "finish_reason": "length",
+                                }
+                            ]
+                        },
+                    )
 
                 def events():
                     time.sleep(b.prefill_seconds(len(body["prompt"].split())))
@@ -183,7 +209,10 @@ class Server:
                         if i:
                             time.sleep(b.token_delay)
                         yield {"choices": [{"index": 0, "text": f"t{i} "}]}
-                    yield {"choices": [], "usage": {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": n}}
+                    yield {
+                        "choices": [],
+                        "usage": {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": n},
+                    }
 
                 self._sse(events())
 
@@ -197,7 +226,10 @@ class Server:
                     msg = {"role": "assistant", "content": ans.get("content"), "reasoning_content": "thinking"}
                     if calls:
                         msg["tool_calls"] = calls
-                    return self._json(200, {"choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}]})
+                    return self._json(
+                        200,
+                        {"choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}]},
+                    )
 
                 def events():
                     yield {"choices": [{"index": 0, "delta": {"role": "assistant", "reasoning_content": "thinking"}}]}
@@ -206,9 +238,43 @@ class Server:
                         yield {"choices": [{"index": 0, "delta": {"content": content[k : k + 3]}}]}
                     for i, c in enumerate(calls):  # name first, the arguments in two pieces
                         args = c["function"]["arguments"]
-                        yield {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "id": c["id"], "type": "function", "function": {"name": c["function"]["name"]}}]}}]}
-                        yield {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": args[: len(args) // 2]}}]}}]}
-                        yield {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": args[len(args) // 2 :]}}]}}]}
+                        yield {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {
+                                        "tool_calls": [
+                                            {
+                                                "index": i,
+                                                "id": c["id"],
+                                                "type": "function",
+                                                "function": {"name": c["function"]["name"]},
+                                            }
+                                        ]
+                                    },
+                                }
+                            ]
+                        }
+                        yield {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {
+                                        "tool_calls": [{"index": i, "function": {"arguments": args[: len(args) // 2]}}]
+                                    },
+                                }
+                            ]
+                        }
+                        yield {
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {
+                                        "tool_calls": [{"index": i, "function": {"arguments": args[len(args) // 2 :]}}]
+                                    },
+                                }
+                            ]
+                        }
                     yield {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}]}
 
                 self._sse(events())
@@ -252,17 +318,38 @@ def serve():
 def options(url, tmp_path, **over):
     golden = tmp_path / "golden"
     golden.mkdir(exist_ok=True)
-    prompts = [{"id": "a", "prompt": "one two three", "max_tokens": 8}, {"id": "b", "prompt": "four five", "max_tokens": 4}]
+    prompts = [
+        {"id": "a", "prompt": "one two three", "max_tokens": 8},
+        {"id": "b", "prompt": "four five", "max_tokens": 4},
+    ]
     (golden / "prompts.json").write_text(json.dumps(prompts))
     sink = tmp_path / "kernels" / "sinkhorn"
     sink.mkdir(parents=True, exist_ok=True)
     pack = tmp_path / "pack"  # a pack root: fixes/<id>/, ports/<p>/fixes/<id>/, gates/<name>/
     pack.mkdir(exist_ok=True)
     base = dict(
-        base_url=url, model=None, api_key=None, only=None, json=None, strict=False, timeout=10.0,
-        golden_dir=golden, record_golden=None, needle_lengths=[300, 700], tool_doc_tokens=400, answer_tokens=64,
-        chat_kwargs={"reasoning_effort": "low"}, decode_lengths=[100, 300], decode_floors=[15.0, 10.0], decode_tokens=8,
-        ttft_lengths=[100, 200, 300], ttft_limit=5.0, sinkhorn_dir=sink, sinkhorn_cmd=None, pack_root=pack, script_timeout=20.0,
+        base_url=url,
+        model=None,
+        api_key=None,
+        only=None,
+        json=None,
+        strict=False,
+        timeout=10.0,
+        golden_dir=golden,
+        record_golden=None,
+        needle_lengths=[300, 700],
+        tool_doc_tokens=400,
+        answer_tokens=64,
+        chat_kwargs={"reasoning_effort": "low"},
+        decode_lengths=[100, 300],
+        decode_floors=[15.0, 10.0],
+        decode_tokens=8,
+        ttft_lengths=[100, 200, 300],
+        ttft_limit=5.0,
+        sinkhorn_dir=sink,
+        sinkhorn_cmd=None,
+        pack_root=pack,
+        script_timeout=20.0,
         record_fp8=None,
     )
     base.update(over)
@@ -289,19 +376,33 @@ def test_every_gate_passes_against_a_correct_server(serve, tmp_path):
     s = serve()
     opts = options(s.url, tmp_path)
     write_reference(opts, {"a": golden_ids("one two three", 8), "b": golden_ids("four five", 4)})
-    write_reference(opts, {"a": golden_ids("one two three", 8), "b": golden_ids("four five", 4)}, gates.REFERENCE_FP8_IDS,
-                    model="zai-org/GLM-5.3-Flash")
+    write_reference(
+        opts,
+        {"a": golden_ids("one two three", 8), "b": golden_ids("four five", 4)},
+        gates.REFERENCE_FP8_IDS,
+        model="zai-org/GLM-5.3-Flash",
+    )
     (opts.sinkhorn_dir / "gate.py").write_text("print('bit-identical 1..1024 rows')\n")
     device_gate(
-        opts, "fixes/needs-server",
+        opts,
+        "fixes/needs-server",
         "import os, sys, urllib.request\n"
         "urllib.request.urlopen(os.environ['GATE_BASE_URL'] + '/v1/models').read()\n"
-        "print('model', os.environ['GATE_MODEL'])\n"
+        "print('model', os.environ['GATE_MODEL'])\n",
     )
     results = gates.run_gates(opts)
     r = by_gate(results)
-    assert [x.gate for x in results] == ["golden", "fp8", "needles", "tools", "images", "decode", "prefill", "sinkhorn",
-                                         "fix:needs-server"]
+    assert [x.gate for x in results] == [
+        "golden",
+        "fp8",
+        "needles",
+        "tools",
+        "images",
+        "decode",
+        "prefill",
+        "sinkhorn",
+        "fix:needs-server",
+    ]
     assert {x.gate: x.result for x in results} == {x.gate: "pass" for x in results}
     assert r["golden"].figures == "2/2 identical" and r["fp8"].figures == "2/2 identical"
     assert r["needles"].figures.startswith("6/6 at ")
@@ -365,8 +466,12 @@ def test_fp8_gate_names_the_first_differing_token(serve, tmp_path):
     s = serve()
     opts = options(s.url, tmp_path, only="fp8")
     ref = golden_ids("four five", 4)
-    write_reference(opts, {"a": golden_ids("one two three", 8), "b": ref[:1] + [7] + ref[2:]}, gates.REFERENCE_FP8_IDS,
-                    model="zai-org/GLM-5.3-Flash")
+    write_reference(
+        opts,
+        {"a": golden_ids("one two three", 8), "b": ref[:1] + [7] + ref[2:]},
+        gates.REFERENCE_FP8_IDS,
+        model="zai-org/GLM-5.3-Flash",
+    )
     (r,) = gates.run_gates(opts)
     assert (r.gate, r.result, r.figures) == ("fp8", "fail", "1/2 identical")
     assert r.details["differences"]["b"].startswith(f"first difference at token 1 (got {ref[1]}, reference 7)")
@@ -437,7 +542,9 @@ def test_a_slow_server_fails_the_decode_floor(serve, tmp_path):
         token_delay = 0.1  # 10 tokens/s, under the 15 tokens/s floor at 2K
 
     s = serve(Slow())
-    (r,) = gates.run_gates(options(s.url, tmp_path, only="decode", decode_lengths=[100], decode_floors=[15.0], decode_tokens=6))
+    (r,) = gates.run_gates(
+        options(s.url, tmp_path, only="decode", decode_lengths=[100], decode_floors=[15.0], decode_tokens=6)
+    )
     assert r.result == "fail"
     (fig,) = r.details.values()
     assert 7.0 < fig["tokens_per_s"] < 10.5 and fig["floor"] == 15.0 and not fig["pass"]
@@ -477,7 +584,10 @@ def test_fix_scripts_are_each_reported(serve, tmp_path):
     (opts.pack_root / "fixes" / "a-ok" / "helper.py").write_text("raise SystemExit(1)\n")  # not a gate
     results = gates.run_gates(opts)
     assert [(x.gate, x.result, x.figures) for x in results] == [
-        ("fix:a-ok", "pass", "rc 0: fine"), ("fix:b-bad", "fail", "rc 3: wrong rows"), ("fix:c-undecided", "fail", "rc 1: ids differ at row 3")]
+        ("fix:a-ok", "pass", "rc 0: fine"),
+        ("fix:b-bad", "fail", "rc 3: wrong rows"),
+        ("fix:c-undecided", "fail", "rc 1: ids differ at row 3"),
+    ]
 
 
 def test_a_server_that_is_down_gives_errors_and_exit_1(tmp_path, capsys):
@@ -515,7 +625,10 @@ def test_png_images_hold_the_pixels_asked_for():
     assert [px(10, 10), px(300, 10), px(10, 300), px(300, 300)] == [gates.COLOURS[c] for c in gates.QUADRANTS]
     px = decode(gates.squares(3))
     row = [px(x, 168) for x in range(336)]
-    runs = sum(1 for a, b in zip(row, row[1:]) if a == gates.COLOURS["white"] and b == gates.COLOURS["black"])
+    # neighbours (strict=False: row[1:] is one shorter)
+    runs = sum(
+        1 for a, b in zip(row, row[1:], strict=False) if a == gates.COLOURS["white"] and b == gates.COLOURS["black"]
+    )
     assert runs == 3
 
 

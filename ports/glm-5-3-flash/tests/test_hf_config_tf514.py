@@ -39,14 +39,21 @@ def tree(tmp_path_factory) -> Path:
         return Path(os.environ["FIXPACK_TREE"])
     fixpack_py = REPO / ".venv" / "bin" / "python"  # fixpack's own environment (scripts/setup.sh)
     if not fixpack_py.exists():
-        pytest.skip("no .venv with fixpack to build the v0.26.0 release tree (run scripts/setup.sh), or set FIXPACK_TREE")
+        pytest.skip(
+            "no .venv with fixpack to build the v0.26.0 release tree (run scripts/setup.sh), or set FIXPACK_TREE"
+        )
     dest = tmp_path_factory.mktemp("release") / "site-packages"
     proc = subprocess.run(
         [str(fixpack_py), "-m", "fixpack", "sources", "tree", str(dest), "--profile", "v0.26.0"],
-        capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     if proc.returncode != 0:
-        pytest.skip(f"release sources unavailable (`fixpack sources tree` exited {proc.returncode}): {proc.stderr[-300:]}")
+        pytest.skip(
+            f"release sources unavailable (`fixpack sources tree` exited {proc.returncode}): {proc.stderr[-300:]}"
+        )
     return dest
 
 
@@ -61,12 +68,16 @@ def run(tree: Path, code: str, plugins: bool = True) -> subprocess.CompletedProc
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{PORT_DIR}", VLLM_LOGGING_LEVEL="ERROR")
     if not plugins:
         env["VLLM_PLUGINS"] = ""  # an allow-list naming no plugin: vLLM loads none
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def test_without_the_plugin_this_transformers_cannot_parse_the_config(tree, checkpoint):
     # The negative control: the environment really is the stock image's (no glm5_next anywhere).
-    proc = run(tree, f"""
+    proc = run(
+        tree,
+        f"""
         import sys
         from vllm.transformers_utils.config import get_config
         for remote in (False, True):
@@ -76,13 +87,17 @@ def test_without_the_plugin_this_transformers_cannot_parse_the_config(tree, chec
                 print(type(exc).__name__, str(exc)[:200].replace(chr(10), ' '))
             else:
                 sys.exit('parsed without the plugin')
-    """, plugins=False)
+    """,
+        plugins=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert proc.stdout.count("glm5_next") == 2, proc.stdout
 
 
 def test_the_plugin_registers_the_configs_and_vllm_parses_the_release_config(tree, checkpoint):
-    proc = run(tree, f"""
+    proc = run(
+        tree,
+        f"""
         import json
         import transformers
         import vllm.plugins
@@ -109,27 +124,45 @@ def test_the_plugin_registers_the_configs_and_vllm_parses_the_release_config(tre
             vision_out=hf.vision_config.out_hidden_size, vision_heads=hf.vision_config.num_attention_heads,
             quant=mc.quantization,
         )))
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["transformers"] == "5.14.1"
     assert (got["cls"], got["module"]) == ("Glm5NextConfig", "glm5_next_hpu.hf_configs")
-    assert (got["text_cls"], got["text_type"], got["vision_type"]) == ("Glm5NextTextConfig", "glm5_next_text", "glm5_next_vision")
+    assert (got["text_cls"], got["text_type"], got["vision_type"]) == (
+        "Glm5NextTextConfig",
+        "glm5_next_text",
+        "glm5_next_vision",
+    )
     assert got["arch"] == "Glm5NextForConditionalGeneration" and got["hybrid"] is True and got["max_len"] == 262144
     assert got["quant"] == "fp8"
     assert got["layer_types"].count("linear_attention") == 34 and got["layer_types"].count("indexed_attention") == 11
     assert got["mlp_layer_types"][:4] == ["dense", "dense", "dense", "sparse"] and got["indexer_types"] == ["full"] * 45
     assert got["text"] == {
-        "hidden_size": 4096, "num_hidden_layers": 45, "n_routed_experts": 288, "num_local_experts": 288,
-        "kv_lora_rank": 512, "qk_rope_head_dim": 0, "qk_nope_head_dim": 256, "head_dim": 0, "qk_head_dim": 256,
-        "linear_num_heads": 64, "linear_head_dim": 128, "num_key_value_heads": 64, "swiglu_limit": 10.0, "hc_mult": 4,
+        "hidden_size": 4096,
+        "num_hidden_layers": 45,
+        "n_routed_experts": 288,
+        "num_local_experts": 288,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 0,
+        "qk_nope_head_dim": 256,
+        "head_dim": 0,
+        "qk_head_dim": 256,
+        "linear_num_heads": 64,
+        "linear_head_dim": 128,
+        "num_key_value_heads": 64,
+        "swiglu_limit": 10.0,
+        "hc_mult": 4,
     }
     assert (got["vision_out"], got["vision_heads"]) == (4096, 16)
 
 
 def test_flat_text_only_layout_and_round_trip(tree):
     # The flat (text-only) layout and to_dict -> from_pretrained, as transformers' class reads them.
-    proc = run(tree, """
+    proc = run(
+        tree,
+        """
         import tempfile
         from transformers import AutoConfig
         from glm5_next_hpu.hf_configs import register_configs
@@ -145,5 +178,6 @@ def test_flat_text_only_layout_and_round_trip(tree):
         again = AutoConfig.from_pretrained(d)
         assert again.get_text_config().to_dict() == t.to_dict()
         print("ok")
-    """)
+    """,
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -37,7 +37,9 @@ def fixpack(*args, cwd=None, check=True, env=None) -> subprocess.CompletedProces
     e = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
     proc = subprocess.run([sys.executable, "-m", "fixpack", *args], capture_output=True, text=True, cwd=cwd, env=e)
     if check and proc.returncode != 0:
-        raise AssertionError(f"fixpack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise AssertionError(
+            f"fixpack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return proc
 
 
@@ -67,7 +69,10 @@ def lock_pins_port(pack: Path) -> bool:
         keys = {s["key"] for s in lock["selections"]}
         if f"{PORT}|" not in keys:
             return False
-        return all(lock["fixes"].get(f.id, {}).get("hash") == f.content_hash() for f in p.selection(p.profile(PROFILE), [], port))
+        return all(
+            lock["fixes"].get(f.id, {}).get("hash") == f.content_hash()
+            for f in p.selection(p.profile(PROFILE), [], port)
+        )
     except Exception:
         return False
 
@@ -95,14 +100,18 @@ def tree(tmp_path) -> Path:
     dest = tmp_path / "site-packages"
     proc = fixpack("sources", "tree", str(dest), "--profile", PROFILE, check=False)
     if proc.returncode != 0:
-        pytest.skip(f"release sources for {PROFILE} are unavailable (`fixpack sources tree` exited {proc.returncode}): {proc.stderr.strip()[-300:]}")
+        pytest.skip(
+            f"release sources for {PROFILE} are unavailable (`fixpack sources tree` exited {proc.returncode}): {proc.stderr.strip()[-300:]}"
+        )
     return dest
 
 
 def install(cookbook: Path, tree: Path, *args, sinkhorn="torch") -> subprocess.CompletedProcess:
     env = dict(os.environ, COOKBOOK=str(cookbook), PYTHON=sys.executable, GLM5_NEXT_MHC_SINKHORN=sinkhorn)
     env.pop("PYTHONPATH", None)
-    return subprocess.run(["bash", str(INSTALL), "--root", str(tree), *args], capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run(
+        ["bash", str(INSTALL), "--root", str(tree), *args], capture_output=True, text=True, env=env, timeout=900
+    )
 
 
 def plugin_args() -> list[str]:
@@ -111,7 +120,12 @@ def plugin_args() -> list[str]:
 
 
 def toolchain_present() -> bool:
-    return subprocess.run(["bash", str(PORT_DIR / "kernels" / "sinkhorn" / "build.sh"), "--check"], capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["bash", str(PORT_DIR / "kernels" / "sinkhorn" / "build.sh"), "--check"], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_installs_on_the_release_and_a_second_run_changes_nothing(cookbook, tree):
@@ -134,16 +148,22 @@ def test_installs_on_the_release_and_a_second_run_changes_nothing(cookbook, tree
     assert "vllm_gaudi/attention/backends/hpu_attn.py" in changed
     assert "vllm_gaudi/extension/ops.py" in changed
     assert "vllm_gaudi/v1/worker/hpu_model_runner.py" in changed
-    assert "k_pe.view(k_c_normed.shape[0], 1, self.qk_rope_head_dim)" in (tree / "vllm_gaudi/attention/backends/hpu_attn.py").read_text()
+    assert (
+        "k_pe.view(k_c_normed.shape[0], 1, self.qk_rope_head_dim)"
+        in (tree / "vllm_gaudi/attention/backends/hpu_attn.py").read_text()
+    )
     if not plugin_args():
         assert any(p.name.startswith("glm5_next_hpu") for p in tree.iterdir()), "plugin not installed into --root"
 
     again = install(cookbook, tree, *plugin_args())
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "already applied" in again.stdout
+
     # The packages are byte-identical; the plugin's pip metadata (RECORD, direct_url.json) is
     # rewritten by pip on every install and is not compared.
-    code = lambda snap: {k: v for k, v in snap.items() if k.split("/", 1)[0] in ("vllm", "vllm_gaudi", "glm5_next_hpu")}
+    def code(snap):
+        return {k: v for k, v in snap.items() if k.split("/", 1)[0] in ("vllm", "vllm_gaudi", "glm5_next_hpu")}
+
     assert code(snapshot(tree)) == code(after)
 
 
@@ -173,7 +193,9 @@ def test_a_root_install_without_cookbook_serves_its_switches(cookbook, tree, tmp
         env.pop(name, None)
     if cookbook != REPO:  # a scratch pack with a regenerated lock must be named
         env["COOKBOOK"] = str(cookbook)
-    proc = subprocess.run(["bash", str(INSTALL), "--root", str(tree)], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(
+        ["bash", str(INSTALL), "--root", str(tree)], capture_output=True, text=True, env=env, timeout=900
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "port glm-5-3-flash installed" in proc.stdout
     if not toolchain_present():
@@ -209,7 +231,11 @@ def test_the_image_build_context_holds_install_sh_and_the_steps_it_sources():
     text = (PORT_DIR / "Dockerfile").read_text()
     assert "COPY . /opt/gaudi-cookbook" in text and "bash ports/glm-5-3-flash/install.sh" in text
     assert "../../scripts/port-install.sh" in INSTALL.read_text()
-    ignored = [line for line in (PORT_DIR / "Dockerfile.dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    ignored = [
+        line
+        for line in (PORT_DIR / "Dockerfile.dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     for rel in ("apply_all.py", "ports/glm-5-3-flash/install.sh", "scripts/port-install.sh"):
         assert (REPO / rel).is_file(), rel
         assert not any(fnmatch.fnmatch(rel, pat) or rel.startswith(pat.rstrip("/") + "/") for pat in ignored), rel
@@ -219,9 +245,13 @@ def test_usage_errors_exit_2_before_anything_runs(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable)
     bad = subprocess.run(["bash", str(INSTALL), "--bogus"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "unknown argument --bogus" in bad.stderr
-    no_dir = subprocess.run(["bash", str(INSTALL), "--root", str(tmp_path / "absent")], capture_output=True, text=True, env=env)
+    no_dir = subprocess.run(
+        ["bash", str(INSTALL), "--root", str(tmp_path / "absent")], capture_output=True, text=True, env=env
+    )
     assert no_dir.returncode == 2 and "no such folder" in no_dir.stderr
-    sinkhorn = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, env=dict(env, GLM5_NEXT_MHC_SINKHORN="auto"))
+    sinkhorn = subprocess.run(
+        ["bash", str(INSTALL)], capture_output=True, text=True, env=dict(env, GLM5_NEXT_MHC_SINKHORN="auto")
+    )
     assert sinkhorn.returncode == 2 and "GLM5_NEXT_MHC_SINKHORN=auto: expected kernel or torch" in sinkhorn.stderr
     helped = subprocess.run(["bash", str(INSTALL), "--help"], capture_output=True, text=True, env=env)
     assert helped.returncode == 0 and helped.stdout.startswith("# Install the GLM-5.3-Flash port")

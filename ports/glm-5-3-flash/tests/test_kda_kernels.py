@@ -16,7 +16,8 @@ from glm5_next_hpu.kda import (
     naive_recurrent_kda,
     sequential_affine_scan,
 )
-from reference_harness import OpCount as _Count, kda_inputs, max_abs, nonfinite
+from reference_harness import OpCount as _Count
+from reference_harness import kda_inputs, max_abs, nonfinite
 
 REGIMES = ["random", "saturated", "adversarial"]
 # What the GLM layer passes: the final state is needed, and q and k are normalised in the kernel.
@@ -75,10 +76,20 @@ def test_chunked_prefill_then_recurrent_decode_equals_full_prefill():
     q, k, v, g, beta = kda_inputs("saturated", B=2, T=230, H=2, K=32, V=32)
     full, S_full = chunk_kda(q, k, v, g, beta, **KW)
     o1, S = chunk_kda(q[:, :150], k[:, :150], v[:, :150], g[:, :150], beta[:, :150], **KW)
-    o2, S = chunk_kda(q[:, 150:200], k[:, 150:200], v[:, 150:200], g[:, 150:200], beta[:, 150:200], initial_state=S, **KW)
+    o2, S = chunk_kda(
+        q[:, 150:200], k[:, 150:200], v[:, 150:200], g[:, 150:200], beta[:, 150:200], initial_state=S, **KW
+    )
     steps = []
     for t in range(200, 230):
-        o_t, S = fused_recurrent_kda(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], g[:, t : t + 1], beta[:, t : t + 1], initial_state=S, **KW)
+        o_t, S = fused_recurrent_kda(
+            q[:, t : t + 1],
+            k[:, t : t + 1],
+            v[:, t : t + 1],
+            g[:, t : t + 1],
+            beta[:, t : t + 1],
+            initial_state=S,
+            **KW,
+        )
         steps.append(o_t)
     got = torch.cat([o1, o2, *steps], dim=1)
     assert max_abs(got, full) / float(full.abs().max()) < 1e-5
@@ -267,7 +278,18 @@ def test_fast_chunk_equals_the_naive_chunk(regime, use_scan):
 def test_every_form_has_the_leading_signature_and_honours_scale(form):
     import inspect
 
-    lead = ["q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "mask"]
+    lead = [
+        "q",
+        "k",
+        "v",
+        "g",
+        "beta",
+        "scale",
+        "initial_state",
+        "output_final_state",
+        "use_qk_l2norm_in_kernel",
+        "mask",
+    ]
     params = inspect.signature(form).parameters
     assert list(params)[: len(lead)] == lead
     assert params["scale"].default is None and params["output_final_state"].default is False

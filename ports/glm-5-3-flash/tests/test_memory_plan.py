@@ -22,7 +22,9 @@ REPO = PORT_DIR.parents[1]
 RECIPE = REPO / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
 GIB = 2**30
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not importable here (run under .venv-cpu)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not importable here (run under .venv-cpu)"
+)
 
 # The real model (transformers 5.23.0 defaults): 42 MoE layers, 288 experts of 2048, hidden 4096.
 MOE_LAYERS, EXPERTS, D, INTER, TP = 42, 288, 4096, 2048, 8
@@ -30,9 +32,17 @@ MOE_LAYERS, EXPERTS, D, INTER, TP = 42, 288, 4096, 2048, 8
 
 def run_plan(*args: str) -> tuple[int, str, dict[str, int]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PORT_DIR), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "glm5_next_hpu.memory_plan", "--recipe", str(RECIPE), *args],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
-    rows = {m[1].strip(): int(m[2].replace(",", "")) for m in re.finditer(r"^\| (.+?) \| ([-\d,]+) \|", proc.stdout, re.M)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm5_next_hpu.memory_plan", "--recipe", str(RECIPE), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=REPO,
+    )
+    rows = {
+        m[1].strip(): int(m[2].replace(",", "")) for m in re.finditer(r"^\| (.+?) \| ([-\d,]+) \|", proc.stdout, re.M)
+    }
     return proc.returncode, proc.stdout + proc.stderr[-3000:], rows
 
 
@@ -57,13 +67,25 @@ def test_seed_recipe_fits_with_fp8_experts(fp8_plan):
     per_layer = (1280 * 640 // 128 + 1) * 128 * 512 * 2
     assert rows["MLA latent cache"] == 11 * per_layer
     assert not any(k.startswith("MLA value cache") for k in rows)
-    assert f"hybrid-mla-no-value-cache (applied by install.sh) leaves out the MLA value cache the release allocates and never reads: {11 * per_layer:,} bytes" in out
+    assert (
+        f"hybrid-mla-no-value-cache (applied by install.sh) leaves out the MLA value cache the release allocates and never reads: {11 * per_layer:,} bytes"
+        in out
+    )
     # Compact KDA state: (32 seqs x 4 GDN groups + 2) slots x (conv 3*1024 x 3 bf16 + 8 x 128 x 128 fp32) per shared tensor.
     per_slot = 3 * 1024 * 3 * 2 + 8 * 128 * 128 * 4
     assert rows["KDA state (compact)"] % ((32 * 4 + 2) * per_slot) == 0
     total = rows["total allocated"]
-    parts = ("KDA layers", "MLA layers", "MLA W_UK_T + W_UV (vllm-gaudi)", "MoE shared experts + router", "dense MLPs",
-             "mHC", "norms", "vision tower", "embedding + lm_head")
+    parts = (
+        "KDA layers",
+        "MLA layers",
+        "MLA W_UK_T + W_UV (vllm-gaudi)",
+        "MoE shared experts + router",
+        "dense MLPs",
+        "mHC",
+        "norms",
+        "vision tower",
+        "embedding + lm_head",
+    )
     assert rows["other weights"] == sum(rows[k] for k in parts)
     kv = rows["MLA latent cache"] + rows["KDA state (compact)"]
     assert total == rows["routed experts (fp8)"] + rows["other weights"] + kv
@@ -101,8 +123,13 @@ def test_a_recipe_without_tensor_parallel_size_is_refused(tmp_path):
     bad = tmp_path / "recipe.yaml"
     bad.write_text("serve:\n  args:\n    - --dtype: bfloat16\n")
     env = dict(os.environ, PYTHONPATH=str(PORT_DIR))
-    proc = subprocess.run([sys.executable, "-m", "glm5_next_hpu.memory_plan", "--recipe", str(bad)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm5_next_hpu.memory_plan", "--recipe", str(bad)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "no --tensor-parallel-size" in proc.stderr
 
 
@@ -110,6 +137,7 @@ def test_at_rest_dtype_rule_on_named_parameters():
     """Only the language model's make_linear projections are block FP8 (and not those in
     modules_to_not_convert); the vision tower's MLP of the same name stays in the model dtype."""
     import torch
+
     from glm5_next_hpu.memory_plan import fp8_at_rest, weight_bytes
 
     def lin(o, i):
@@ -139,6 +167,7 @@ def test_fp8_experts_are_counted_once_at_their_own_size():
     counted a second time among the dense MLPs); with --experts bf16 the weights count in the model
     dtype and the scales not at all."""
     import torch
+
     from glm5_next_hpu.memory_plan import weight_bytes
 
     root = torch.nn.Module()

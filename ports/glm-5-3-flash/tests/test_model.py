@@ -16,9 +16,11 @@ def _capture(ref_model, **inputs):
     hooks = []
     for i, layer in enumerate(ref_model.model.language_model.layers):
         for name, mod in (("layer", layer), ("attn", layer.self_attn), ("mlp", layer.mlp)):
+
             def hook(m, args, kwargs, out, key=(i, name)):
                 x = args[0] if args else kwargs["hidden_states"]
                 seen[key] = (x, out[0] if isinstance(out, tuple) else out)
+
             hooks.append(mod.register_forward_hook(hook, with_kwargs=True))
     with torch.no_grad():
         ref_model(**inputs)
@@ -42,7 +44,12 @@ def test_every_layer_matches_reference_given_the_same_input(tiny):
             assert max_abs(layer.mlp(x_mlp), y_mlp) < 1e-5 * max(1.0, float(y_mlp.abs().max()))
             assert max_abs(layer(X, mask, None), Y) < 1e-5 * max(1.0, float(Y.abs().max()))
         kinds.add((type(layer.self_attn).__name__, type(layer.mlp).__name__))
-    assert kinds == {("KimiDeltaAttention", "MLP"), ("MLAAttention", "MoE"), ("KimiDeltaAttention", "MoE"), ("MLAAttention", "MLP")}
+    assert kinds == {
+        ("KimiDeltaAttention", "MLP"),
+        ("MLAAttention", "MoE"),
+        ("KimiDeltaAttention", "MoE"),
+        ("MLAAttention", "MLP"),
+    }
 
 
 def test_text_logits_match_reference_with_left_padding(tiny):
@@ -88,7 +95,13 @@ def test_greedy_decode_with_an_image_is_identical_to_reference(tiny):
     ids, pixels, grid = image_inputs(seed=5)
     with torch.no_grad():
         expected = tiny.ref.generate(
-            ids, pixel_values=pixels, image_grid_thw=grid, max_new_tokens=16, do_sample=False, min_new_tokens=16, pad_token_id=0
+            ids,
+            pixel_values=pixels,
+            image_grid_thw=grid,
+            max_new_tokens=16,
+            do_sample=False,
+            min_new_tokens=16,
+            pad_token_id=0,
         )
     got = tiny.port.greedy_generate(ids, 16, pixel_values=pixels, image_grid_thw=grid)
     assert torch.equal(got, expected)
@@ -114,7 +127,6 @@ def test_nan_in_padded_positions_does_not_reach_real_tokens(tiny):
     emb = port.model.language_model.embed_tokens
     with torch.no_grad():
         clean = port(ids, attention_mask=attn)
-        original = emb.weight[ids[0, 0]].clone()
         ids_p = ids.clone()
         ids_p[0, :10] = 255  # a token id the prompt never uses
         saved = emb.weight[255].clone()
@@ -134,6 +146,8 @@ def test_greedy_decode_batch_with_left_padding_matches_reference(tiny):
     attn = torch.ones(2, 24, dtype=torch.long)
     attn[0, :5] = 0
     with torch.no_grad():
-        expected = tiny.ref.generate(ids, attention_mask=attn, max_new_tokens=32, do_sample=False, min_new_tokens=32, pad_token_id=0)
+        expected = tiny.ref.generate(
+            ids, attention_mask=attn, max_new_tokens=32, do_sample=False, min_new_tokens=32, pad_token_id=0
+        )
     got = tiny.port.greedy_generate(ids, 32, attention_mask=attn)
     assert torch.equal(got, expected)

@@ -115,7 +115,9 @@ def test_port_indexer_selects_the_same_keys_as_reference():
         q_resid = r.q_a_layernorm(r.q_a_proj(x))
         idx = r.indexer(hidden_states=x, q_resid=q_resid, attention_mask=mask, past_key_values=None)
         valid = idx.ge(0)
-        expected = torch.zeros(2, 100, 100, dtype=torch.int32).scatter_add_(2, idx.clamp(min=0).long(), valid.int()).ne(0)
+        expected = (
+            torch.zeros(2, 100, 100, dtype=torch.int32).scatter_add_(2, idx.clamp(min=0).long(), valid.int()).ne(0)
+        )
         got = port.indexer.selection_mask(x, q_resid, mask)
     assert torch.equal(got[mask], expected[mask])
     assert int(got[mask].sum(-1).max()) <= 32 + 3  # index_topk + kpool - 1

@@ -5,11 +5,11 @@ Needs an importable vLLM (run under .venv-cpu); the packaging test runs anywhere
 
 import importlib.util
 import sys
-import tomllib
 from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
+import tomllib
 
 PORT_DIR = Path(__file__).resolve().parents[1]
 ENTRY = "glm5_next_hpu.vllm_plugin:register"
@@ -44,7 +44,9 @@ def test_importing_the_plugin_module_imports_no_model_code():
 
 def _installed_entry_points():
     return [
-        ep for d in distributions() for ep in d.entry_points
+        ep
+        for d in distributions()
+        for ep in d.entry_points
         if ep.group == "vllm.general_plugins" and ep.value.startswith("glm5_next_hpu")
     ]
 
@@ -52,8 +54,10 @@ def _installed_entry_points():
 @needs_vllm
 def test_load_general_plugins_registers_the_architecture_lazily_and_twice_is_fine(monkeypatch):
     if not _installed_entry_points():
-        pytest.fail("the glm5_next_hpu entry point is not installed in this interpreter: "
-                    "pip install --no-deps -e ports/glm-5-3-flash")
+        pytest.fail(
+            "the glm5_next_hpu entry point is not installed in this interpreter: "
+            "pip install --no-deps -e ports/glm-5-3-flash"
+        )
     import vllm.plugins as plugins
     from vllm import ModelRegistry
     from vllm.model_executor.models.registry import _LazyRegisteredModel
@@ -83,13 +87,15 @@ def test_load_general_plugins_registers_the_architecture_lazily_and_twice_is_fin
 @needs_vllm
 def test_registered_class_is_hybrid_with_inner_state():
     """Without is_hybrid vLLM allocates no KDA state and every KDA layer is silently skipped."""
-    from glm5_next_hpu.vllm_plugin import register
     from vllm import ModelRegistry
+
+    from glm5_next_hpu.vllm_plugin import register
 
     register()
     assert ARCH in ModelRegistry.get_supported_archs()
-    from glm5_next_hpu.vllm.model import Glm5NextForConditionalGeneration as C
     from vllm.model_executor.models.interfaces import has_inner_state, is_hybrid
+
+    from glm5_next_hpu.vllm.model import Glm5NextForConditionalGeneration as C
 
     assert is_hybrid(C) and has_inner_state(C)
     assert C.is_hybrid is True
@@ -99,9 +105,10 @@ def test_registered_class_is_hybrid_with_inner_state():
 def test_registered_class_is_multimodal_with_the_port_processor():
     """Images: SupportsMultiModal, the port's processor registered with MULTIMODAL_REGISTRY, and
     vLLM's own embed_input_ids (the merge at placeholder positions) not overridden."""
+    from vllm.model_executor.models.interfaces import SupportsMultiModal, supports_multimodal
+
     from glm5_next_hpu.vllm import multimodal as mm
     from glm5_next_hpu.vllm.model import Glm5NextForConditionalGeneration as C
-    from vllm.model_executor.models.interfaces import SupportsMultiModal, supports_multimodal
 
     assert supports_multimodal(C)
     factories = C._processor_factory
@@ -137,17 +144,22 @@ def _vision_config():
 
 
 @needs_vllm
-@pytest.mark.parametrize("kwargs, message", [
-    ({"patch_size": 7}, "patch_size=7: the vision tower takes patch_size 14"),
-    ({"merge_size": 1}, "merge_size=1: the vision tower takes spatial_merge_size 2"),
-    ({"temporal_patch_size": 1}, "temporal_patch_size=1"),
-    ({"patch_expand_factor": 2}, "patch_expand_factor=2: only 1 is served"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"patch_size": 7}, "patch_size=7: the vision tower takes patch_size 14"),
+        ({"merge_size": 1}, "merge_size=1: the vision tower takes spatial_merge_size 2"),
+        ({"temporal_patch_size": 1}, "temporal_patch_size=1"),
+        ({"patch_expand_factor": 2}, "patch_expand_factor=2: only 1 is served"),
+    ],
+)
 def test_processor_kwargs_that_change_the_patch_geometry_are_refused(kwargs, message):
     from glm5_next_hpu.vllm.multimodal import ImageInputError, check_geometry_kwargs
 
     vc = _vision_config()
-    check_geometry_kwargs({"patch_size": 14, "merge_size": 2, "max_image_tokens": 5}, vc)  # the config's own values pass
+    check_geometry_kwargs(
+        {"patch_size": 14, "merge_size": 2, "max_image_tokens": 5}, vc
+    )  # the config's own values pass
     with pytest.raises(ImageInputError, match=message):
         check_geometry_kwargs(kwargs, vc)
 
@@ -184,12 +196,20 @@ def test_switches_are_declared_once_in_port_yaml():
     # No other file of the package names a default: the parser's output is port.yaml's.
     s = sw.read_switches({}, spec)
     assert (s.vision, s.image_max_tokens, s.kda_scan, s.decode_layer_group, s.mhc_sinkhorn, s.moe_op) == (
-        True, 2048, None, 45, "kernel", "exact"
+        True,
+        2048,
+        None,
+        45,
+        "kernel",
+        "exact",
     )
     # every switch names its reference path; for vision and the image cap it is the default
     assert {n: x.reference for n, x in spec.items()} == {
-        "GLM5_NEXT_VISION": True, "GLM5_NEXT_IMAGE_MAX_TOKENS": 2048,
-        "GLM5_NEXT_KDA_SCAN": False, "GLM5_NEXT_DECODE_LAYER_GROUP": 1, "GLM5_NEXT_MHC_SINKHORN": "torch",
+        "GLM5_NEXT_VISION": True,
+        "GLM5_NEXT_IMAGE_MAX_TOKENS": 2048,
+        "GLM5_NEXT_KDA_SCAN": False,
+        "GLM5_NEXT_DECODE_LAYER_GROUP": 1,
+        "GLM5_NEXT_MHC_SINKHORN": "torch",
         "GLM5_NEXT_MOE_OP": "exact",
     }
     assert sw.read_switches({"GLM5_NEXT_MOE_OP": "fused"}, spec).moe_op == "fused"
@@ -210,7 +230,9 @@ def test_an_installed_plugin_finds_port_yaml_through_cookbook(tmp_path, monkeypa
     mod = sys.modules["_installed_switches"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.delenv("COOKBOOK", raising=False)
-    with pytest.raises(mod.SwitchError, match="port.yaml of port glm-5-3-flash, which declares its switches, was not found"):
+    with pytest.raises(
+        mod.SwitchError, match="port.yaml of port glm-5-3-flash, which declares its switches, was not found"
+    ):
         mod.port_yaml()
     cookbook = tmp_path / "cookbook"
     (cookbook / "ports" / "glm-5-3-flash").mkdir(parents=True)
@@ -220,11 +242,18 @@ def test_an_installed_plugin_finds_port_yaml_through_cookbook(tmp_path, monkeypa
     assert mod.read_switches({"GLM5_NEXT_KDA_SCAN": "off"}).kda_scan is False
 
 
-@pytest.mark.parametrize("name, value", [
-    ("GLM5_NEXT_VISION", "maybe"), ("GLM5_NEXT_IMAGE_MAX_TOKENS", "0"), ("GLM5_NEXT_DECODE_LAYER_GROUP", "46"),
-    ("GLM5_NEXT_MHC_SINKHORN", "tpc"), ("GLM5_NEXT_KDA_SCAN", "2"), ("GLM5_NEXT_VISION", "auto"),
-    ("GLM5_NEXT_MOE_OP", "fp8"),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("GLM5_NEXT_VISION", "maybe"),
+        ("GLM5_NEXT_IMAGE_MAX_TOKENS", "0"),
+        ("GLM5_NEXT_DECODE_LAYER_GROUP", "46"),
+        ("GLM5_NEXT_MHC_SINKHORN", "tpc"),
+        ("GLM5_NEXT_KDA_SCAN", "2"),
+        ("GLM5_NEXT_VISION", "auto"),
+        ("GLM5_NEXT_MOE_OP", "fp8"),
+    ],
+)
 def test_bad_switch_values_stop_with_the_variable_named(name, value):
     from glm5_next_hpu.switches import SwitchError, read_switches
 
@@ -236,15 +265,18 @@ def _declared(**entry):
     return {"reference": entry.get("default"), "meaning": "m", **entry}
 
 
-@pytest.mark.parametrize("entry, message", [
-    (_declared(default=1, type="float"), "type 'float' is not one of bool, int, enum, path, str"),
-    ({"type": "bool", "reference": 1, "meaning": "m"}, "missing key 'default'"),
-    (_declared(default=2, type="bool"), "default 2: '2' is not a boolean"),
-    (_declared(default=1, type="int", min=2), "default 1: 1 is below the minimum 2"),
-    (_declared(default="x", type="enum", choices=["a", "b"]), "default 'x': 'x' is not one of a, b"),
-    (_declared(default="a", choices=["a", "b"]), "missing key 'type'"),
-    (_declared(default=1, type="int", typo=1), "unknown key(s) typo"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (_declared(default=1, type="float"), "type 'float' is not one of bool, int, enum, path, str"),
+        ({"type": "bool", "reference": 1, "meaning": "m"}, "missing key 'default'"),
+        (_declared(default=2, type="bool"), "default 2: '2' is not a boolean"),
+        (_declared(default=1, type="int", min=2), "default 1: 1 is below the minimum 2"),
+        (_declared(default="x", type="enum", choices=["a", "b"]), "default 'x': 'x' is not one of a, b"),
+        (_declared(default="a", choices=["a", "b"]), "missing key 'type'"),
+        (_declared(default=1, type="int", typo=1), "unknown key(s) typo"),
+    ],
+)
 def test_a_bad_switch_declaration_names_the_file_and_the_switch(entry, message):
     from glm5_next_hpu.switches import SwitchError, parse_spec
 
@@ -308,14 +340,25 @@ def test_config_json_of_the_real_default_config_passes_at_tp8(tmp_path):
     assert (text.num_hidden_layers, text.layer_types.count("linear_attention"), text.qk_rope_head_dim) == (45, 34, 0)
 
 
-@pytest.mark.parametrize("mutate, error, message", [
-    (lambda d: d["text_config"].update(num_hidden_layers="4"), "ConfigCheckError", "num_hidden_layers"),
-    (lambda d: d["text_config"].update(layer_types=["linear_attention"] * 3), "ConfigCheckError", "layer_types: 3 entries"),
-    (lambda d: d["text_config"].update(scoring_func="softmax"), "ConfigCheckError", "scoring_func"),
-    (lambda d: d["text_config"].update(rms_norm_eps=None), "ConfigCheckError", "rms_norm_eps"),
-    (lambda d: d["text_config"].update(qk_rope_head_dim=64), "UnsupportedConfigError", "qk_rope_head_dim must be 0"),
-    (lambda d: d["text_config"].update(linear_lower_bound=None), "UnsupportedConfigError", "Kimi softplus"),
-])
+@pytest.mark.parametrize(
+    "mutate, error, message",
+    [
+        (lambda d: d["text_config"].update(num_hidden_layers="4"), "ConfigCheckError", "num_hidden_layers"),
+        (
+            lambda d: d["text_config"].update(layer_types=["linear_attention"] * 3),
+            "ConfigCheckError",
+            "layer_types: 3 entries",
+        ),
+        (lambda d: d["text_config"].update(scoring_func="softmax"), "ConfigCheckError", "scoring_func"),
+        (lambda d: d["text_config"].update(rms_norm_eps=None), "ConfigCheckError", "rms_norm_eps"),
+        (
+            lambda d: d["text_config"].update(qk_rope_head_dim=64),
+            "UnsupportedConfigError",
+            "qk_rope_head_dim must be 0",
+        ),
+        (lambda d: d["text_config"].update(linear_lower_bound=None), "UnsupportedConfigError", "Kimi softplus"),
+    ],
+)
 def test_config_json_mismatch_names_the_field(config_json, mutate, error, message):
     import json
 
@@ -339,9 +382,8 @@ def test_config_json_refuses_prefix_caching(config_json):
 
 @pytest.fixture(scope="module")
 def ckpt_and_model():
-    from reference_harness import build_reference, checkpoint_tensors
-
     from glm5_next_hpu.reference import Glm5NextReference
+    from reference_harness import build_reference, checkpoint_tensors
 
     ref, cfg = build_reference()
     return checkpoint_tensors(ref), lambda: Glm5NextReference(cfg), cfg
@@ -359,7 +401,9 @@ def test_loader_maps_every_checkpoint_key_to_one_parameter_by_bytes(ckpt_and_mod
     assert report.loaded_params == {n for n, _ in model.named_parameters()}
     assert report.elements == sum(p.numel() for p in model.parameters()) == sum(t.numel() for t in ckpt.values())
     w13 = model.model.language_model.layers[1].mlp.experts.w13_weight
-    assert torch.equal(w13[3, : w13.shape[1] // 2], ckpt["model.language_model.layers.1.mlp.experts.3.gate_proj.weight"])
+    assert torch.equal(
+        w13[3, : w13.shape[1] // 2], ckpt["model.language_model.layers.1.mlp.experts.3.gate_proj.weight"]
+    )
 
 
 def test_loader_errors_name_the_exact_key(ckpt_and_model):
@@ -373,7 +417,9 @@ def test_loader_errors_name_the_exact_key(ckpt_and_model):
     with pytest.raises(CheckpointLoadError, match=re_escape(missing)):
         load_checkpoint(make(), ((k, v) for k, v in ckpt.items() if k != missing), L)
     with pytest.raises(CheckpointLoadError, match="model.language_model.layers.0.self_attn.bogus.weight: no parameter"):
-        load_checkpoint(make(), [*ckpt.items(), ("model.language_model.layers.0.self_attn.bogus.weight", torch.zeros(1))], L)
+        load_checkpoint(
+            make(), [*ckpt.items(), ("model.language_model.layers.0.self_attn.bogus.weight", torch.zeros(1))], L
+        )
     bad = dict(ckpt)
     bad["model.language_model.layers.2.self_attn.A_log"] = torch.zeros(1, 1, 4, 1)
     with pytest.raises(CheckpointLoadError, match=r"layers\.2\.self_attn\.A_log: checkpoint shape \(1, 1, 4, 1\)"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from glm5_next_hpu.layers.moe import MoE, Router
 from glm5_next_hpu.vllm.loader import load_checkpoint
 from glm5_next_hpu.vllm.parallel import Parallel, ParallelMoE

@@ -12,7 +12,8 @@ import torch
 
 from glm5_next_hpu.reference import Glm5NextReference
 from glm5_next_hpu.switches import Switches, read_switches
-from reference_harness import OpCount as _Count, tiny_config
+from reference_harness import OpCount as _Count
+from reference_harness import tiny_config
 
 TRUE = ["1", "true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", " 1 "]
 FALSE = ["0", "false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"]
@@ -39,8 +40,9 @@ def _ops_of_first_layer(cfg, X, mask, switches) -> int:
 
 
 def _explicit(**changes) -> Switches:
-    base = dict(vision=True, image_max_tokens=2048, kda_scan=None, decode_layer_group=45, mhc_sinkhorn="torch",
-                moe_op="exact")
+    base = dict(
+        vision=True, image_max_tokens=2048, kda_scan=None, decode_layer_group=45, mhc_sinkhorn="torch", moe_op="exact"
+    )
     return Switches(**{**base, **changes})
 
 
@@ -64,7 +66,9 @@ def test_every_spelling_of_kda_scan_runs_the_carry_it_names(setup, counts, spell
     assert _ops_of_first_layer(cfg, X, mask, s) == counts[want]
 
 
-@pytest.mark.parametrize("env", [{}, {"GLM5_NEXT_KDA_SCAN": ""}, {"GLM5_NEXT_KDA_SCAN": "auto"}, {"GLM5_NEXT_KDA_SCAN": "AUTO"}])
+@pytest.mark.parametrize(
+    "env", [{}, {"GLM5_NEXT_KDA_SCAN": ""}, {"GLM5_NEXT_KDA_SCAN": "auto"}, {"GLM5_NEXT_KDA_SCAN": "AUTO"}]
+)
 def test_kda_scan_unset_runs_the_sequential_carry_on_cpu(setup, counts, env):
     cfg, X, mask = setup
     s = read_switches({**env, "GLM5_NEXT_MHC_SINKHORN": "torch"})

@@ -18,7 +18,15 @@ import torch
 
 from glm5_next_hpu.config import UnsupportedConfigError, validate_config
 from glm5_next_hpu.vllm.loader import load_checkpoint
-from glm5_next_hpu.vllm.parallel import ColumnLinear, LMHead, Parallel, ParallelMoE, RowLinear, VocabEmbedding, decoder_mlp
+from glm5_next_hpu.vllm.parallel import (
+    ColumnLinear,
+    LMHead,
+    Parallel,
+    ParallelMoE,
+    RowLinear,
+    VocabEmbedding,
+    decoder_mlp,
+)
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not importable here (run under .venv-cpu)"
@@ -65,8 +73,14 @@ def _build(make, ckpt, cfg, layer_idx, sub, rank=0, size=1, ep=False):
     counter = Counter()
     par = Parallel(rank, size, ep, reduce=counter.reduce, gather=lambda x: x)
     inner = make(par)
-    report, part = _load(ckpt, f"{LAYERS}.{layer_idx}.{sub}.", _under(layer_idx, sub, inner),
-                         cfg.text_config.num_hidden_layers, rank, size)
+    report, part = _load(
+        ckpt,
+        f"{LAYERS}.{layer_idx}.{sub}.",
+        _under(layer_idx, sub, inner),
+        cfg.text_config.num_hidden_layers,
+        rank,
+        size,
+    )
     return inner, report, counter, part
 
 
@@ -77,7 +91,7 @@ def test_moe_ranks_hold_their_split_and_sum_to_tp1(ref_ckpt, ep):
     make = lambda par: ParallelMoE(t, par)  # noqa: E731
     full, _, c1, _ = _build(make, ckpt, cfg, 1, "mlp")
     ranks = [_build(make, ckpt, cfg, 1, "mlp", r, TP, ep) for r in range(TP)]
-    E, I = t.n_routed_experts, t.moe_intermediate_size
+    E, inter = t.n_routed_experts, t.moe_intermediate_size
     x = torch.randn(37, t.hidden_size, generator=torch.Generator().manual_seed(3))
     want = full(x)
     assert c1.reduces == 0  # TP 1: no collective
@@ -93,16 +107,18 @@ def test_moe_ranks_hold_their_split_and_sum_to_tp1(ref_ckpt, ep):
             assert {k for k in report.loaded_keys if ".experts." in k} == mine
             assert set(report.other_rank_keys) == {k for k in part if ".experts." in k} - mine
         else:  # every expert, 1/TP of the intermediate dim of gate, of up and of down
-            i = I // TP
+            i = inter // TP
             sl = slice(r * i, (r + 1) * i)
-            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :I][:, sl], w13[:, I:][:, sl]], dim=1))
+            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :inter][:, sl], w13[:, inter:][:, sl]], dim=1))
             assert torch.equal(m.experts.w2_weight, w2[:, :, sl])
             assert report.loaded_keys == set(part) and not report.other_rank_keys
         assert torch.equal(m.gate.weight, full.gate.weight)  # router replicated
         assert torch.equal(m.gate.e_score_correction_bias, full.gate.e_score_correction_bias)
-        i = I * t.n_shared_experts // TP
+        i = inter * t.n_shared_experts // TP
         assert torch.equal(m.shared_experts.gate_proj.weight, full.shared_experts.gate_proj.weight[r * i : (r + 1) * i])
-        assert torch.equal(m.shared_experts.down_proj.weight, full.shared_experts.down_proj.weight[:, r * i : (r + 1) * i])
+        assert torch.equal(
+            m.shared_experts.down_proj.weight, full.shared_experts.down_proj.weight[:, r * i : (r + 1) * i]
+        )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # The test sees the experts: the routed part alone differs from the whole output.
     assert not torch.allclose(ranks[0][0](x), want, atol=1e-3)
@@ -117,8 +133,9 @@ def test_block_fp8_moe_loads_into_rank_halves_as_the_tp1_split(ref_ckpt, ep):
 
     ckpt, cfg = ref_ckpt
     t = cfg.text_config
-    spec = BlockFp8Spec.from_quantization_config({"quant_method": "fp8", "weight_block_size": [16, 16],
-                                                  "modules_to_not_convert": ["mlp.gate"]})
+    spec = BlockFp8Spec.from_quantization_config(
+        {"quant_method": "fp8", "weight_block_size": [16, 16], "modules_to_not_convert": ["mlp.gate"]}
+    )
     prefix = f"{LAYERS}.1.mlp."
     stream = []
     for k, v in ckpt.items():
@@ -135,7 +152,7 @@ def test_block_fp8_moe_loads_into_rank_halves_as_the_tp1_split(ref_ckpt, ep):
 
     full, full_report = load(0, 1)
     assert full_report.fp8_dequantized  # the weights did come in as FP8
-    E, I = t.n_routed_experts, t.moe_intermediate_size
+    E, inter = t.n_routed_experts, t.moe_intermediate_size
     for r in range(TP):
         m, report = load(r, TP)
         w13, w2 = full.experts.w13_weight, full.experts.w2_weight
@@ -145,10 +162,10 @@ def test_block_fp8_moe_loads_into_rank_halves_as_the_tp1_split(ref_ckpt, ep):
             assert torch.equal(m.experts.w2_weight, w2[r * n : (r + 1) * n])
             assert report.other_rank_keys
         else:
-            sl = slice(r * I // TP, (r + 1) * I // TP)
-            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :I][:, sl], w13[:, I:][:, sl]], dim=1))
+            sl = slice(r * inter // TP, (r + 1) * inter // TP)
+            assert torch.equal(m.experts.w13_weight, torch.cat([w13[:, :inter][:, sl], w13[:, inter:][:, sl]], dim=1))
             assert torch.equal(m.experts.w2_weight, w2[:, :, sl])
-        i = I * t.n_shared_experts // TP
+        i = inter * t.n_shared_experts // TP
         assert torch.equal(m.shared_experts.up_proj.weight, full.shared_experts.up_proj.weight[r * i : (r + 1) * i])
 
 
@@ -178,7 +195,9 @@ def test_row_parallel_bias_is_added_once_and_column_bias_is_split():
             holder = torch.nn.Module()
             holder.weight, holder.bias = layer.weight, layer.bias
             load_checkpoint(holder, [("weight", w), ("bias", b)], 1, tp_rank=r, tp_size=TP)
-    torch.testing.assert_close(sum(m(x[:, 4 * r : 4 * r + 4]) for r, m in enumerate(rows)), x @ w.T + b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        sum(m(x[:, 4 * r : 4 * r + 4]) for r, m in enumerate(rows)), x @ w.T + b, rtol=1e-5, atol=1e-6
+    )
     assert counter.reduces == TP
     torch.testing.assert_close(torch.cat([m(x) for m in cols], dim=-1), x @ w.T + b, rtol=1e-5, atol=1e-6)
 
@@ -210,23 +229,35 @@ def test_vocabulary_embedding_and_lm_head_split(ref_ckpt):
 def test_shapes_that_do_not_divide_are_refused_naming_size_and_tp(ref_ckpt):
     _, cfg = ref_ckpt
     t = cfg.text_config
-    with pytest.raises(UnsupportedConfigError, match=r"linear_num_heads \(4\) is not divisible by the tensor-parallel size 3"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"linear_num_heads \(4\) is not divisible by the tensor-parallel size 3"
+    ):
         validate_config(t, tp_size=3)
-    with pytest.raises(UnsupportedConfigError, match=r"vocab_size \(256\) is not divisible by the tensor-parallel size 3"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"vocab_size \(256\) is not divisible by the tensor-parallel size 3"
+    ):
         validate_config(t, tp_size=3)
     validate_config(t, tp_size=TP, expert_parallel=True)  # the tiny config divides at TP 2 + EP
     old = t.n_routed_experts
     try:
         t.n_routed_experts = 6
-        with pytest.raises(UnsupportedConfigError, match=r"n_routed_experts \(6\) is not divisible by the expert-parallel size 4"):
+        with pytest.raises(
+            UnsupportedConfigError, match=r"n_routed_experts \(6\) is not divisible by the expert-parallel size 4"
+        ):
             validate_config(t, tp_size=4, expert_parallel=True)
-        with pytest.raises(UnsupportedConfigError, match=r"n_routed_experts \(6\) is not divisible by the expert-parallel size 4"):
+        with pytest.raises(
+            UnsupportedConfigError, match=r"n_routed_experts \(6\) is not divisible by the expert-parallel size 4"
+        ):
             ParallelMoE(t, Parallel(0, 4, True))
     finally:
         t.n_routed_experts = old
-    with pytest.raises(UnsupportedConfigError, match=r"moe_intermediate_size \(32\) is not divisible by the tensor-parallel size 3"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"moe_intermediate_size \(32\) is not divisible by the tensor-parallel size 3"
+    ):
         ParallelMoE(t, Parallel(0, 3))
-    with pytest.raises(UnsupportedConfigError, match=r"vocab_size \(256\) is not divisible by the tensor-parallel size 3"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"vocab_size \(256\) is not divisible by the tensor-parallel size 3"
+    ):
         VocabEmbedding(t.vocab_size, t.hidden_size, Parallel(0, 3))
 
 
@@ -238,7 +269,9 @@ def test_the_published_shapes_divide_at_tp8_with_expert_parallel():
     t = Glm5NextConfig().text_config
     validate_config(t, tp_size=8, expert_parallel=True)
     assert (t.linear_num_heads // 8, t.num_attention_heads // 8, t.n_routed_experts // 8) == (8, 8, 36)
-    with pytest.raises(UnsupportedConfigError, match=r"n_routed_experts \(288\) is not divisible by the expert-parallel size 5"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"n_routed_experts \(288\) is not divisible by the expert-parallel size 5"
+    ):
         validate_config(t, tp_size=5, expert_parallel=True)
 
 
@@ -248,8 +281,9 @@ def test_the_published_shapes_divide_at_tp8_with_expert_parallel():
 def _kda(cfg, par):
     from glm5_next_hpu.vllm.model import Glm5NextKDA
 
-    fake = SimpleNamespace(model_config=None, cache_config=None,
-                           compilation_config=SimpleNamespace(static_forward_context={}))
+    fake = SimpleNamespace(
+        model_config=None, cache_config=None, compilation_config=SimpleNamespace(static_forward_context={})
+    )
     return Glm5NextKDA(cfg.text_config, fake, "kda", par=par)
 
 
@@ -262,9 +296,15 @@ def _run_kda(layer, x, monkeypatch, lengths):
     n = len(lengths)
     layer.kv_cache = (torch.zeros(n, *conv_shape), torch.zeros(n, *rec_shape))
     qsl = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    md = SimpleNamespace(num_actual_tokens=int(qsl[-1]), num_spec_decodes=0, non_spec_query_start_loc=qsl,
-                         non_spec_state_indices_tensor=torch.arange(n), num_decodes=0, num_prefills=n,
-                         has_initial_state=torch.zeros(n, dtype=torch.bool))
+    md = SimpleNamespace(
+        num_actual_tokens=int(qsl[-1]),
+        num_spec_decodes=0,
+        non_spec_query_start_loc=qsl,
+        non_spec_state_indices_tensor=torch.arange(n),
+        num_decodes=0,
+        num_prefills=n,
+        has_initial_state=torch.zeros(n, dtype=torch.bool),
+    )
     ctx = SimpleNamespace(no_compile_layers={layer.prefix: layer}, attn_metadata={layer.prefix: md})
     monkeypatch.setattr(model, "get_forward_context", lambda: ctx)
     with torch.no_grad():
@@ -302,8 +342,9 @@ def test_kda_heads_conv_and_state_split_across_ranks(ref_ckpt, monkeypatch):
         # Per-rank state, as vLLM's kda_state_shape gives it for this TP size.
         conv, rec = m.get_state_shape()
         assert rec == (h, K, K) and sorted(conv) == sorted((3 * h * K, W - 1))
-    vcfg = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=TP),
-                           model_config=SimpleNamespace(hf_text_config=t))
+    vcfg = SimpleNamespace(
+        parallel_config=SimpleNamespace(tensor_parallel_size=TP), model_config=SimpleNamespace(hf_text_config=t)
+    )
     assert C.get_mamba_state_shape_from_config(vcfg) == ranks[0][0].get_state_shape()
     x = torch.randn(21, t.hidden_size, generator=torch.Generator().manual_seed(6))
     want, conv1, rec1 = _run_kda(full, x, monkeypatch, [13, 8])
@@ -358,9 +399,13 @@ def _run_kda_gaudi(layer, x_padded, monkeypatch, lengths, L, state=None, is_prom
     mask = torch.zeros(n + 1, L)
     for i, k in enumerate(lengths):
         mask[i, :k] = 1
-    md = SimpleNamespace(is_prompt=is_prompt, load_indices_tensor=rows, store_indices_tensor=rows,
-                         padding_mask_flat=mask.view(-1, 1) if is_prompt else None,
-                         has_initial_states_p=init if is_prompt else None)
+    md = SimpleNamespace(
+        is_prompt=is_prompt,
+        load_indices_tensor=rows,
+        store_indices_tensor=rows,
+        padding_mask_flat=mask.view(-1, 1) if is_prompt else None,
+        has_initial_states_p=init if is_prompt else None,
+    )
     ctx = SimpleNamespace(no_compile_layers={layer.prefix: layer}, attn_metadata=md)
     monkeypatch.setattr(model, "get_forward_context", lambda: ctx)
     with torch.no_grad():
@@ -391,11 +436,20 @@ def test_kda_on_vllm_gaudis_contract_equals_vllms(ref_ckpt, monkeypatch):
 
     t1 = torch.randn(2, x.shape[1], generator=torch.Generator().manual_seed(7))
     layer.kv_cache = (conv1.clone(), rec1.clone())
-    md = SimpleNamespace(num_actual_tokens=2, num_spec_decodes=0, non_spec_query_start_loc=torch.tensor([0, 1, 2]),
-                         non_spec_state_indices_tensor=torch.arange(2), num_decodes=2, num_prefills=0,
-                         has_initial_state=None)
-    monkeypatch.setattr(model, "get_forward_context",
-                        lambda: SimpleNamespace(no_compile_layers={layer.prefix: layer}, attn_metadata={layer.prefix: md}))
+    md = SimpleNamespace(
+        num_actual_tokens=2,
+        num_spec_decodes=0,
+        non_spec_query_start_loc=torch.tensor([0, 1, 2]),
+        non_spec_state_indices_tensor=torch.arange(2),
+        num_decodes=2,
+        num_prefills=0,
+        has_initial_state=None,
+    )
+    monkeypatch.setattr(
+        model,
+        "get_forward_context",
+        lambda: SimpleNamespace(no_compile_layers={layer.prefix: layer}, attn_metadata={layer.prefix: md}),
+    )
     with torch.no_grad():
         want_d = layer(t1)
     rec_d = layer.kv_cache[1].clone()
@@ -460,8 +514,10 @@ def test_fp8_experts_at_rest_hold_the_checkpoints_bytes_and_scales(ref_ckpt, ran
     rows = slice(0, inter) if ep else slice(rank * i, (rank + 1) * i)
     for e in range(n):
         key = f"{LAYERS}.1.mlp.experts.{first + e}"
-        for proj, w, s, half in (("gate_proj", ex.w13_weight, ex.w13_weight_scale_inv, 0),
-                                 ("up_proj", ex.w13_weight, ex.w13_weight_scale_inv, 1)):
+        for proj, w, s, half in (
+            ("gate_proj", ex.w13_weight, ex.w13_weight_scale_inv, 0),
+            ("up_proj", ex.w13_weight, ex.w13_weight_scale_inv, 1),
+        ):
             cw, cs = src[f"{key}.{proj}.weight"], src[f"{key}.{proj}.weight_scale_inv"]
             assert torch.equal(bits(w[e, half * i : (half + 1) * i]), bits(cw[rows])), proj
             sr = slice(rows.start // 16, rows.stop // 16)
@@ -589,7 +645,9 @@ def test_fused_moe_op_is_refused_where_vllm_gaudis_op_cannot_take_the_experts(re
     with pytest.raises(UnsupportedConfigError, match=switch + r".*no block-FP8 quantization config reached the layer"):
         ParallelMoE(t, par, None, prefix, None, moe_op="fused")
     kept = BlockFp8Spec.from_quantization_config({**FP8_SPEC_QC, "modules_to_not_convert": [f"{prefix}.experts"]})
-    with pytest.raises(UnsupportedConfigError, match=switch + r".*experts is kept unquantized by .*modules_to_not_convert"):
+    with pytest.raises(
+        UnsupportedConfigError, match=switch + r".*experts is kept unquantized by .*modules_to_not_convert"
+    ):
         ParallelMoE(t, par, qc, prefix, kept, moe_op="fused")
     wide = copy.copy(t)
     wide.hidden_size = 40  # the intermediate size (32) still splits into 16-blocks; the hidden size does not
@@ -613,10 +671,14 @@ def test_fused_moe_op_is_refused_off_hpu_and_without_vllms_block_fp8_config():
     qc = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]})
     per_tensor = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic"})
     cpu, hpu = SimpleNamespace(device_type="cpu"), SimpleNamespace(device_type="hpu")
-    with pytest.raises(UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: .*HPU platform only, and this is the 'cpu'"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: .*HPU platform only, and this is the 'cpu'"
+    ):
         check_model(cpu, qc)
     with pytest.raises(UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: the checkpoint is not quantized"):
         check_model(hpu, None)
-    with pytest.raises(UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: quantization 'fp8' is not vLLM's block"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: quantization 'fp8' is not vLLM's block"
+    ):
         check_model(hpu, per_tensor)
     check_model(hpu, qc)  # accepted: HPU with a block-FP8 checkpoint

@@ -37,7 +37,9 @@ def test_key_mapping_for_experts_and_mtp_layers():
     assert map_checkpoint_key("model.language_model.layers.7.mlp.experts.12.up_proj.weight", 45) == Target(
         "model.language_model.layers.7.mlp.experts.w13_weight", 12, "up"
     )
-    assert map_checkpoint_key("model.language_model.layers.7.mlp.experts.2.down_proj.weight", 45).param.endswith("w2_weight")
+    assert map_checkpoint_key("model.language_model.layers.7.mlp.experts.2.down_proj.weight", 45).param.endswith(
+        "w2_weight"
+    )
     assert map_checkpoint_key("model.language_model.layers.45.self_attn.q_a_proj.weight", 45) is None
     assert map_checkpoint_key("lm_head.weight", 45) == Target("lm_head.weight")
 

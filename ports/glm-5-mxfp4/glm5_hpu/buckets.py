@@ -65,6 +65,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 # The development base the committed file is generated from (profiles/v0.30.0.yaml).
 VLLM_GAUDI_COMMIT = "091bbadda10bee4fd3f6d0efc1844d2610dd2707"
@@ -103,7 +104,7 @@ def _import_bucketing(tree: Path, geometry: Geometry):
     if not (tree / "vllm_gaudi" / "extension" / "bucketing" / "common.py").is_file():
         raise SystemExit(f"{tree}: no vllm_gaudi/extension/bucketing/common.py (give a vllm-gaudi source tree)")
     loaded = sys.modules.get("vllm_gaudi")
-    if loaded is not None and Path(loaded.__file__).resolve().parent.parent != tree.resolve():
+    if loaded is not None and Path(cast(str, loaded.__file__)).resolve().parent.parent != tree.resolve():
         raise SystemExit(f"vllm_gaudi is already imported from {loaded.__file__}, not from {tree}")
     sys.path.insert(0, str(tree))
     from vllm_gaudi.extension import environment

@@ -33,7 +33,9 @@ def rope_cos_sin(config, positions: torch.Tensor, dtype: torch.dtype) -> tuple[t
     """cos, sin [S, qk_rope_head_dim] for ``positions`` (default RoPE; others are refused)."""
     params = config.rope_parameters or {}
     if params.get("rope_type", "default") != "default":
-        raise NotImplementedError(f"rope_type {params.get('rope_type')!r}: the reference implements the default RoPE only")
+        raise NotImplementedError(
+            f"rope_type {params.get('rope_type')!r}: the reference implements the default RoPE only"
+        )
     dim = config.qk_rope_head_dim
     inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
@@ -120,8 +122,9 @@ def select(scores: torch.Tensor, q_pos: torch.Tensor, topk: int, threshold: int,
     return allowed
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
-           chunk: int = 256) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float, chunk: int = 256
+) -> torch.Tensor:
     """q [S, h, Dqk], k [T, h, Dqk], v [T, h, Dv], allowed bool [S, T] -> [S, h, Dv]; softmax in
     float32 over the allowed keys only; queries in chunks, so memory is chunk x T per head."""
     out = []
@@ -140,8 +143,9 @@ class DsaAttention:
     ``w``: the layer's ``self_attn.*`` tensors without the prefix. A layer whose indexer_types
     entry is "shared" has no indexer and reuses the previous full layer's selection."""
 
-    def __init__(self, config, w: Mapping[str, torch.Tensor], layer: int, *, sparse: bool,
-                 threshold: int = SEED_THRESHOLD):
+    def __init__(
+        self, config, w: Mapping[str, torch.Tensor], layer: int, *, sparse: bool, threshold: int = SEED_THRESHOLD
+    ):
         self.cfg, self.sparse, self.threshold = config, sparse, threshold
         if threshold < 0:
             raise ValueError(f"threshold {threshold} is negative")
@@ -153,11 +157,17 @@ class DsaAttention:
         if (config.rope_parameters or {}).get("rope_type", "default") != "default":
             raise NotImplementedError("the reference scales attention for the default RoPE only")
         self.shared = config.indexer_types[layer] == "shared"
-        self.indexer = None if self.shared else DsaIndexer(
-            config, {k.removeprefix("indexer."): v for k, v in self.w.items() if k.startswith("indexer.")})
+        self.indexer = (
+            None
+            if self.shared
+            else DsaIndexer(
+                config, {k.removeprefix("indexer."): v for k, v in self.w.items() if k.startswith("indexer.")}
+            )
+        )
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: DsaCache,
-                prev_allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: DsaCache, prev_allowed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [S, hidden] at ``positions`` (continuing ``cache``) -> (output [S, hidden], the
         selection bool [S, T] that a following "shared" layer reuses)."""
         w, s = self.w, x.shape[0]

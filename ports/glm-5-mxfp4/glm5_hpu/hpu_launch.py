@@ -26,8 +26,9 @@ from .dsa import SEED_THRESHOLD
 from .switches import Switches, resolve_auto
 
 
-def hpu_not_built(switches: Switches, *, max_model_len: int, speculative: bool,
-                  kernels_missing: str | None = None) -> list[str]:
+def hpu_not_built(
+    switches: Switches, *, max_model_len: int, speculative: bool, kernels_missing: str | None = None
+) -> list[str]:
     """Each switch whose requested path vllm-gaudi's runner does not have with this port, as
     ``"GLM_X=v: why; set ..."``; empty when the launch can be served as asked. ``kernels_missing``:
     why the MXFP4 MoE kernels cannot run here (glm5_hpu/hpu_mxk.py ``kernels()``), None when they can."""
@@ -37,7 +38,8 @@ def hpu_not_built(switches: Switches, *, max_model_len: int, speculative: bool,
             f"GLM_DSA_SPARSE=1 with --max-model-len {max_model_len}: vllm-gaudi's MLA path runs DSA layers as "
             f"dense attention, the model's own only up to {SEED_THRESHOLD} keys; the top-k above that is not "
             f"built on HPU. Use --max-model-len <= {SEED_THRESHOLD}, or GLM_DSA_SPARSE=0 for dense attention at "
-            "every length")
+            "every length"
+        )
     for name, value in (("GLM_MXK", switches.mxk), ("GLM_MXK_PREFILL", switches.mxk_prefill)):
         if resolve_auto(value, on_hpu=True) and kernels_missing is not None:
             shown = "auto (the kernels on HPU)" if value is None else "1"
@@ -45,14 +47,15 @@ def hpu_not_built(switches: Switches, *, max_model_len: int, speculative: bool,
     if switches.moe_tp != 1:
         problems.append(
             f"GLM_MOE_TP={switches.moe_tp}: the expert-group x tensor-parallel layout is not built on HPU; "
-            "set GLM_MOE_TP=1 (plain expert parallelism)")
+            "set GLM_MOE_TP=1 (plain expert parallelism)"
+        )
     if switches.moe_placement is not None:
-        problems.append(
-            f"GLM_MOE_PLACEMENT={switches.moe_placement}: the placement hook is not built on HPU; unset it")
+        problems.append(f"GLM_MOE_PLACEMENT={switches.moe_placement}: the placement hook is not built on HPU; unset it")
     if not switches.router_fast:
         problems.append(
             "GLM_ROUTER_FAST=0: the reference routing is the CPU path's; on HPU the router is vllm-gaudi's "
-            "(on the device): set GLM_ROUTER_FAST=1")
+            "(on the device): set GLM_ROUTER_FAST=1"
+        )
     if speculative and switches.early_draft:
         problems.append("GLM_EARLY_DRAFT=1: not built on HPU; set GLM_EARLY_DRAFT=0 (vLLM's own drafting)")
     return problems

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -93,7 +94,9 @@ def kernels() -> Kernels | str:
     if on_emulation():
         return Kernels(mxk.gemv_bf16, mxk.unpack_bf16, "emulation")
     looked = ", ".join(str(p) for p in library_candidates())
-    return "; ".join(why) or f"the MXFP4 MoE kernels are not built (looked for {looked}; run kernels/mxfp4-moe/build.sh)"
+    return (
+        "; ".join(why) or f"the MXFP4 MoE kernels are not built (looked for {looked}; run kernels/mxfp4-moe/build.sh)"
+    )
 
 
 def _pick(stacked: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
@@ -106,8 +109,15 @@ class GlmMxkMoEOp(torch.nn.Module):
     (module docstring). Called as the stock op is: (hidden_states [T, H], expert ids [T, K] int32,
     router weights [T, K], permuted_weights, activation)."""
 
-    def __init__(self, stock: torch.nn.Module, kernels: Kernels, experts: tuple[torch.Tensor, ...], *, decode: bool,
-                 prefill: bool):
+    def __init__(
+        self,
+        stock: torch.nn.Module,
+        kernels: Kernels,
+        experts: tuple[torch.Tensor, ...],
+        *,
+        decode: bool,
+        prefill: bool,
+    ):
         """``experts``: the layer's stacked local experts (w13 U8 [E, 2I, H/2], its scales U8
         [E, 2I, H/32], w2 U8 [E, H, I/2], its scales), the tensors the stock op's per-expert
         weights are views of."""
@@ -116,7 +126,8 @@ class GlmMxkMoEOp(torch.nn.Module):
         self.kernels = kernels
         self.w13, self.s13, self.w2, self.s2 = experts
         self.decode, self.prefill = decode, prefill
-        self.experts_min, self.experts_max = int(stock.experts_min), int(stock.experts_max)
+        op = cast(Any, stock)  # vllm-gaudi's op: its expert range is plain ints, not submodules
+        self.experts_min, self.experts_max = int(op.experts_min), int(op.experts_max)
 
     def path(self, tokens: int) -> str:
         """Which computation a call of ``tokens`` rows takes: "gemv", "unpack" or "stock"."""
@@ -139,7 +150,9 @@ class GlmMxkMoEOp(torch.nn.Module):
                 local = ids[t, k : k + 1].long() - self.experts_min
                 held = (local >= 0) & (local < n_local)
                 local = local.clamp(0, n_local - 1)
-                gate, up = self.kernels.gemv(row, _pick(self.w13, local), _pick(self.s13, local)).float().chunk(2, dim=-1)
+                gate, up = (
+                    self.kernels.gemv(row, _pick(self.w13, local), _pick(self.s13, local)).float().chunk(2, dim=-1)
+                )
                 h = (F.silu(gate) * up).to(torch.bfloat16)
                 y = self.kernels.gemv(h, _pick(self.w2, local), _pick(self.s2, local)).float()
                 out[t] += (y[0] * weights[t, k].float()) * held.float()
@@ -149,15 +162,28 @@ class GlmMxkMoEOp(torch.nn.Module):
         # the stock bf16 MoE op, called as vllm-gaudi's bf16 method calls it, on the unpacked experts
         w13 = [self.kernels.unpack(self.w13[e], self.s13[e]) for e in range(self.w13.shape[0])]
         w2 = [self.kernels.unpack(self.w2[e], self.s2[e]) for e in range(self.w2.shape[0])]
-        return torch.ops.hpu.mixture_of_experts(hidden_states=x, expert_routing_table=ids, router_weights=weights,
-                                                w12=w13, w3=w2, permuted_weights=True, activation=activation,
-                                                experts_min=self.experts_min, experts_max=self.experts_max)
+        return torch.ops.hpu.mixture_of_experts(
+            hidden_states=x,
+            expert_routing_table=ids,
+            router_weights=weights,
+            w12=w13,
+            w3=w2,
+            permuted_weights=True,
+            activation=activation,
+            experts_min=self.experts_min,
+            experts_max=self.experts_max,
+        )
 
     def forward(self, hidden_states, expert_routing_table, router_weights, permuted_weights=True, activation="silu"):
         path = self.path(hidden_states.shape[0])
         if path == "stock" or not permuted_weights:
-            return self.stock(hidden_states, expert_routing_table, router_weights,
-                              permuted_weights=permuted_weights, activation=activation)
+            return self.stock(
+                hidden_states,
+                expert_routing_table,
+                router_weights,
+                permuted_weights=permuted_weights,
+                activation=activation,
+            )
         activation = getattr(activation, "value", activation)
         activation = str(activation).lower().removeprefix("moeactivation.")
         if path == "gemv":

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
+
 from glm5_mxfp4.mxfp4 import BLOCK, E2M1_VALUES
 
 PROJ = ("gate_proj", "up_proj", "down_proj")
@@ -55,7 +56,9 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
         raise TypeError(f"packed {packed.dtype} and scales {scales.dtype} must both be uint8")
     k = packed.shape[-1] * 2
     if scales.shape[:-1] != packed.shape[:-1] or scales.shape[-1] * BLOCK != k:
-        raise ValueError(f"packed {tuple(packed.shape)} and scales {tuple(scales.shape)} do not match (blocks of {BLOCK})")
+        raise ValueError(
+            f"packed {tuple(packed.shape)} and scales {tuple(scales.shape)} do not match (blocks of {BLOCK})"
+        )
     lut = E2M1.to(packed.device)
     lo = lut[(packed & 0x0F).long()]
     hi = lut[(packed >> 4).long()]
@@ -71,15 +74,25 @@ class MxfpExperts:
     the local expert group of an expert-parallel rank, or a placement's order. Logical ids not
     held here contribute nothing (another rank holds them)."""
 
-    def __init__(self, experts: Sequence[int], w13: torch.Tensor, w13_scale: torch.Tensor,
-                 w2: torch.Tensor, w2_scale: torch.Tensor):
+    def __init__(
+        self,
+        experts: Sequence[int],
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor,
+    ):
         experts = [int(e) for e in experts]
         if len(set(experts)) != len(experts):
             raise ValueError("an expert is stored twice")
         n = len(experts)
         h, i = w13.shape[-1] * 2, w13.shape[-2] // 2
-        want = {"w13": (n, 2 * i, h // 2), "w13_scale": (n, 2 * i, h // BLOCK),
-                "w2": (n, h, i // 2), "w2_scale": (n, h, i // BLOCK)}
+        want = {
+            "w13": (n, 2 * i, h // 2),
+            "w13_scale": (n, 2 * i, h // BLOCK),
+            "w2": (n, h, i // 2),
+            "w2_scale": (n, h, i // BLOCK),
+        }
         for name, t in (("w13", w13), ("w13_scale", w13_scale), ("w2", w2), ("w2_scale", w2_scale)):
             if t.dtype != torch.uint8 or tuple(t.shape) != want[name]:
                 raise ValueError(f"{name}: {t.dtype} {tuple(t.shape)}, expected uint8 {want[name]}")
@@ -89,8 +102,13 @@ class MxfpExperts:
         self.w13, self.w13_scale, self.w2, self.w2_scale = w13, w13_scale, w2, w2_scale
 
     @classmethod
-    def from_checkpoint(cls, get: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor], prefix: str,
-                        experts: Sequence[int], tp: tuple[int, int] = (0, 1)) -> MxfpExperts:
+    def from_checkpoint(
+        cls,
+        get: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor],
+        prefix: str,
+        experts: Sequence[int],
+        tp: tuple[int, int] = (0, 1),
+    ) -> MxfpExperts:
         """Load ``experts`` (logical ids, in the storage order wanted) from the converter's keys
         ``{prefix}.experts.{e}.{gate,up,down}_proj.weight`` and ``.weight_scale``; ``prefix`` is
         ``model.layers.{L}.mlp``. Reads only those experts: one expert group per rank.
@@ -113,24 +131,32 @@ class MxfpExperts:
                     raise KeyError(f"{key}.weight / .weight_scale: not in the checkpoint (expert {e})") from None
             inter = t["gate_proj"][0].shape[0]
             if inter % (size * BLOCK):
-                raise ValueError(f"{prefix}.experts.{e}: intermediate size {inter} does not split into {size} "
-                                 f"parts of whole {BLOCK}-blocks (GLM_MOE_TP={size})")
+                raise ValueError(
+                    f"{prefix}.experts.{e}: intermediate size {inter} does not split into {size} "
+                    f"parts of whole {BLOCK}-blocks (GLM_MOE_TP={size})"
+                )
             part = inter // size
             rows = slice(rank * part, (rank + 1) * part)
             w13.append(torch.cat([t["gate_proj"][0][rows], t["up_proj"][0][rows]]))
             s13.append(torch.cat([t["gate_proj"][1][rows], t["up_proj"][1][rows]]))
             w2.append(t["down_proj"][0][:, rank * part // 2 : (rank + 1) * part // 2])
             s2.append(t["down_proj"][1][:, rank * part // BLOCK : (rank + 1) * part // BLOCK])
-        return cls(experts, torch.stack(w13), torch.stack(s13), torch.stack(w2).contiguous(), torch.stack(s2).contiguous())
+        return cls(
+            experts, torch.stack(w13), torch.stack(s13), torch.stack(w2).contiguous(), torch.stack(s2).contiguous()
+        )
 
     def weights(self, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Logical expert ``expert``'s (w13 [2I, H], w2 [H, I]), decoded now, in ``dtype``."""
         s = self.slot[expert]
-        return (dequantize(self.w13[s], self.w13_scale[s], dtype),
-                dequantize(self.w2[s], self.w2_scale[s], dtype))
+        return (dequantize(self.w13[s], self.w13_scale[s], dtype), dequantize(self.w2[s], self.w2_scale[s], dtype))
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        act: Callable[[torch.Tensor], torch.Tensor] = F.silu,
+    ) -> torch.Tensor:
         """x [T, H]; ids, weights [T, K] from :func:`route`. Each expert that some token chose is
         decoded and applied to its tokens; a token's outputs are added in ascending expert id
         (the same sums in the same order wherever the experts are stored)."""
@@ -146,8 +172,17 @@ class MxfpExperts:
         return out
 
 
-def route(x: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor, *, top_k: int, n_group: int,
-          topk_group: int, norm_topk_prob: bool, routed_scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """glm_moe_dsa routing of x [T, H]: (weights fp32 [T, K], expert ids [T, K]).
 
     Scores are sigmoid(x W^T) in fp32. The correction bias only chooses: it is added to pick the
@@ -177,13 +212,24 @@ class GlmMoeMxfp4(torch.nn.Module):
     ``shared`` holds the shared expert's bf16 ``gate_proj``, ``up_proj``, ``down_proj`` [out, in]
     (n_shared_experts of them are one wider MLP in the checkpoint)."""
 
-    def __init__(self, config, gate_weight: torch.Tensor, bias: torch.Tensor, experts: MxfpExperts,
-                 shared: Mapping[str, torch.Tensor]):
+    def __init__(
+        self,
+        config,
+        gate_weight: torch.Tensor,
+        bias: torch.Tensor,
+        experts: MxfpExperts,
+        shared: Mapping[str, torch.Tensor],
+    ):
         super().__init__()
         if bias.dtype != torch.float32:
             raise TypeError(f"e_score_correction_bias is {bias.dtype}; the release keeps it in float32")
-        self.cfg = dict(top_k=config.num_experts_per_tok, n_group=config.n_group, topk_group=config.topk_group,
-                        norm_topk_prob=config.norm_topk_prob, routed_scaling_factor=config.routed_scaling_factor)
+        self.cfg = dict(
+            top_k=config.num_experts_per_tok,
+            n_group=config.n_group,
+            topk_group=config.topk_group,
+            norm_topk_prob=config.norm_topk_prob,
+            routed_scaling_factor=config.routed_scaling_factor,
+        )
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r}: glm_moe_dsa uses silu")
         self.gate_weight, self.bias, self.experts, self.shared = gate_weight, bias, experts, dict(shared)
@@ -199,8 +245,13 @@ class GlmMoeMxfp4(torch.nn.Module):
         prefix = f"model.layers.{layer}.mlp"
         experts = range(config.n_routed_experts) if experts is None else experts
         shared = {p: read(f"{prefix}.shared_experts.{p}.weight") for p in PROJ}
-        return cls(config, read(f"{prefix}.gate.weight"), read(f"{prefix}.gate.e_score_correction_bias"),
-                   MxfpExperts.from_checkpoint(read, prefix, experts), shared)
+        return cls(
+            config,
+            read(f"{prefix}.gate.weight"),
+            read(f"{prefix}.gate.e_score_correction_bias"),
+            MxfpExperts.from_checkpoint(read, prefix, experts),
+            shared,
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from glm5_mxfp4.mxfp4 import BLOCK
 
 # fp32 lanes of one TPC vector: the GEMV kernel's chunk of the input axis.

@@ -38,7 +38,9 @@ class PlacementError(ValueError):
 def moe_layers(config) -> list[int]:
     """The MoE layer ids of ``config``: the sparse decoder layers, then the MTP layers."""
     n = config.num_hidden_layers
-    kinds = getattr(config, "mlp_layer_types", None) or ["dense" if i < config.first_k_dense_replace else "sparse" for i in range(n)]
+    kinds = getattr(config, "mlp_layer_types", None) or [
+        "dense" if i < config.first_k_dense_replace else "sparse" for i in range(n)
+    ]
     mtp = getattr(config, "num_nextn_predict_layers", 0) or 0
     return [i for i in range(n) if kinds[i] == "sparse"] + list(range(n, n + mtp))
 
@@ -141,8 +143,11 @@ def from_switch(value: str | None, config) -> Placement:
 
 def dump(placement: Placement) -> str:
     """The file text of ``placement``."""
-    body = {"format": FORMAT, "n_routed_experts": placement.n_experts,
-            "layers": {str(k): list(v) for k, v in sorted(placement.layers.items())}}
+    body = {
+        "format": FORMAT,
+        "n_routed_experts": placement.n_experts,
+        "layers": {str(k): list(v) for k, v in sorted(placement.layers.items())},
+    }
     return json.dumps(body, indent=1) + "\n"
 
 

@@ -72,6 +72,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import placement
 
@@ -143,8 +144,8 @@ def _exchange(counts: Sequence[int], groups: list[list[int]]) -> list[list[int]]
                 best = (int(worst[i, j]), b, int(i), int(j))
         if best is None:
             return groups
-        _, b, i, j = best
-        groups[a][i], groups[b][j] = groups[b][j], groups[a][i]
+        _, b, ia, ib = best
+        groups[a][ia], groups[b][ib] = groups[b][ib], groups[a][ia]
 
 
 def _exact(counts: Sequence[int], n_groups: int, start: list[list[int]]) -> list[list[int]]:
@@ -153,7 +154,7 @@ def _exact(counts: Sequence[int], n_groups: int, start: list[list[int]]) -> list
     first; an empty group is tried once per step (empty groups are interchangeable)."""
     k = len(counts) // n_groups
     items = sorted(range(len(counts)), key=lambda e: (-counts[e], e))
-    best = [max(sum(counts[e] for e in g) for g in start), [list(g) for g in start]]
+    best: list[Any] = [max(sum(counts[e] for e in g) for g in start), [list(g) for g in start]]  # [load, grouping]
     groups: list[list[int]] = [[] for _ in range(n_groups)]
     loads = [0] * n_groups
 
@@ -210,8 +211,10 @@ class Fit:
             return f"optimal: searched all {n_groupings(len(self.order), self.n_groups)} groupings"
         if self.after == self.lower_bound:
             return "optimal: at the lower bound"
-        return (f"exchange: {self.after - self.lower_bound} above the lower bound {self.lower_bound}, "
-                f"bound {self.ideal + self.largest - self.smallest:.1f}")
+        return (
+            f"exchange: {self.after - self.lower_bound} above the lower bound {self.lower_bound}, "
+            f"bound {self.ideal + self.largest - self.smallest:.1f}"
+        )
 
 
 def fit(counts: Sequence[int], n_groups: int, exact_limit: int = EXACT_LIMIT) -> Fit:
@@ -230,8 +233,16 @@ def fit(counts: Sequence[int], n_groups: int, exact_limit: int = EXACT_LIMIT) ->
     if exact:
         groups = _exact(counts, n_groups, groups)
     order = [e for g in sorted((sorted(g) for g in groups), key=lambda g: g[0]) for e in g]
-    return Fit(order, busiest(counts, range(n), n_groups), busiest(counts, order, n_groups), sum(counts), n_groups, exact,
-               max(counts), min(counts))
+    return Fit(
+        order,
+        busiest(counts, range(n), n_groups),
+        busiest(counts, order, n_groups),
+        sum(counts),
+        n_groups,
+        exact,
+        max(counts),
+        min(counts),
+    )
 
 
 # ------------------------------------------------------------------------------ the checkpoint
@@ -252,9 +263,11 @@ class Checkpoint:
             raise FitError(f"{cfg_path}: model_type {got!r}, expected 'glm_moe_dsa' (GLM-5.3)")
         converter = str((data.get("quantization_config") or {}).get("converter", ""))
         if not converter.startswith(CONVERTER):
-            raise FitError(f"{cfg_path}: not a checkpoint the {CONVERTER} converter wrote (quantization_config."
-                           f"converter is {converter or 'absent'!r}); the fit counts the routing of the MXFP4 model "
-                           "that is served: convert the BF16 release first (python -m glm5_mxfp4.convert)")
+            raise FitError(
+                f"{cfg_path}: not a checkpoint the {CONVERTER} converter wrote (quantization_config."
+                f"converter is {converter or 'absent'!r}); the fit counts the routing of the MXFP4 model "
+                "that is served: convert the BF16 release first (python -m glm5_mxfp4.convert)"
+            )
         self.config = GlmMoeDsaConfig.from_dict(data)
         mtp = getattr(self.config, "num_nextn_predict_layers", 0) or 0
         if mtp > 1:
@@ -303,8 +316,11 @@ class Checkpoint:
         """Layer ``layer``'s tensors without the layer prefix, other than its routed experts (read
         by GlmMoeMxfp4) and the MTP layer's shared_head (logits are not needed to count routing)."""
         prefix = f"model.layers.{layer}."
-        return {k[len(prefix):]: self.tensor(k) for k in sorted(self.weight_map)
-                if k.startswith(prefix) and ".mlp.experts." not in k and not k.startswith(prefix + "shared_head.")}
+        return {
+            k[len(prefix) :]: self.tensor(k)
+            for k in sorted(self.weight_map)
+            if k.startswith(prefix) and ".mlp.experts." not in k and not k.startswith(prefix + "shared_head.")
+        }
 
     def tokenizer(self):
         from transformers import AutoTokenizer
@@ -312,8 +328,10 @@ class Checkpoint:
         try:
             return AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
         except Exception as exc:  # transformers raises many kinds for a missing or broken tokenizer
-            raise FitError(f"{self.folder}: text prompts need the checkpoint's tokenizer, which does not load "
-                           f"({type(exc).__name__}: {exc}); give token ids instead") from None
+            raise FitError(
+                f"{self.folder}: text prompts need the checkpoint's tokenizer, which does not load "
+                f"({type(exc).__name__}: {exc}); give token ids instead"
+            ) from None
 
 
 def _read_json(path: Path, what: str):
@@ -389,8 +407,14 @@ class Routing:
     source: str = ""
 
 
-def collect(ckpt: Checkpoint, prompts: list[list[int]], *, sparse: bool, threshold: int | None = None,
-            progress: Callable[[str], None] | None = None) -> Routing:
+def collect(
+    ckpt: Checkpoint,
+    prompts: list[list[int]],
+    *,
+    sparse: bool,
+    threshold: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Routing:
     """Run the checkpoint over ``prompts`` (token ids) layer by layer and count each MoE layer's
     routing (module docstring). ``sparse``: GLM_DSA_SPARSE; ``threshold``: the keys a query must
     see before the DSA top-k applies (default the seed's 32,768)."""
@@ -403,6 +427,7 @@ def collect(ckpt: Checkpoint, prompts: list[list[int]], *, sparse: bool, thresho
     cfg = ckpt.config
     n, eps = cfg.num_hidden_layers, cfg.rms_norm_eps
     view = copy.deepcopy(cfg)  # the MTP layer has its own indexer (vLLM's DeepSeekMTP builds one)
+    assert cfg.indexer_types is not None, "a GLM-5.3 config names each layer's indexer"
     view.indexer_types = list(cfg.indexer_types) + ["full"] * ckpt.mtp
     moe = set(placement.moe_layers(cfg))
     e_count = cfg.n_routed_experts
@@ -412,11 +437,18 @@ def collect(ckpt: Checkpoint, prompts: list[list[int]], *, sparse: bool, thresho
     def run_layer(layer: int, hs: list, sel: list) -> tuple[list, list]:
         start = time.monotonic()
         w = ckpt.layer(layer)
-        attn = DsaAttention(view, {k[len("self_attn."):]: v for k, v in w.items() if k.startswith("self_attn.")},
-                            layer, sparse=sparse, threshold=threshold)
+        attn = DsaAttention(
+            view,
+            {k[len("self_attn.") :]: v for k, v in w.items() if k.startswith("self_attn.")},
+            layer,
+            sparse=sparse,
+            threshold=threshold,
+        )
         mid, new_sel = [], []
         for h, s in zip(hs, sel, strict=True):  # attention one sequence at a time, its own cache
-            o, allowed = attn.forward(rms_norm(h, w["input_layernorm.weight"], eps), torch.arange(h.shape[0]), DsaCache(), s)
+            o, allowed = attn.forward(
+                rms_norm(h, w["input_layernorm.weight"], eps), torch.arange(h.shape[0]), DsaCache(), s
+            )
             mid.append(h + o)
             new_sel.append(allowed)
         x = torch.cat(mid)  # the MLP is per token: every sequence's tokens at once
@@ -433,8 +465,10 @@ def collect(ckpt: Checkpoint, prompts: list[list[int]], *, sparse: bool, thresho
             routing.counts[layer] = counts.tolist()
             routing.tokens[layer] = x.shape[0]
         else:
-            y = F.linear(F.silu(F.linear(m, w["mlp.gate_proj.weight"])) * F.linear(m, w["mlp.up_proj.weight"]),
-                         w["mlp.down_proj.weight"])
+            y = F.linear(
+                F.silu(F.linear(m, w["mlp.gate_proj.weight"])) * F.linear(m, w["mlp.up_proj.weight"]),
+                w["mlp.down_proj.weight"],
+            )
         out = list((x + y).split([h.shape[0] for h in hs]))
         if progress:
             kind = "MTP" if layer >= n else "MoE" if layer in moe else "dense"
@@ -457,8 +491,12 @@ def collect(ckpt: Checkpoint, prompts: list[list[int]], *, sparse: bool, thresho
                 e = embed[torch.tensor(p[1:])].clone()
                 e[0] = 0  # vLLM's DeepSeekMTP zeroes the embedding at position 0
                 final = rms_norm(h[:-1], norm, eps)  # the main model's output: after its final norm
-                xs.append(F.linear(torch.cat([rms_norm(e, w["enorm.weight"], eps), rms_norm(final, w["hnorm.weight"], eps)], -1),
-                                   w["eh_proj.weight"]))
+                xs.append(
+                    F.linear(
+                        torch.cat([rms_norm(e, w["enorm.weight"], eps), rms_norm(final, w["hnorm.weight"], eps)], -1),
+                        w["eh_proj.weight"],
+                    )
+                )
             if xs:
                 run_layer(n, xs, [None] * len(xs))
             else:
@@ -467,9 +505,13 @@ def collect(ckpt: Checkpoint, prompts: list[list[int]], *, sparse: bool, thresho
 
 
 def dump_routing(routing: Routing) -> str:
-    body = {"format": COUNTS_FORMAT, "n_routed_experts": routing.n_experts, "top_k": routing.top_k,
-            "source": routing.source,
-            "layers": {str(k): {"tokens": routing.tokens[k], "counts": v} for k, v in sorted(routing.counts.items())}}
+    body = {
+        "format": COUNTS_FORMAT,
+        "n_routed_experts": routing.n_experts,
+        "top_k": routing.top_k,
+        "source": routing.source,
+        "layers": {str(k): {"tokens": routing.tokens[k], "counts": v} for k, v in sorted(routing.counts.items())},
+    }
     return json.dumps(body) + "\n"
 
 
@@ -483,8 +525,10 @@ def load_routing(path: str | Path, config) -> Routing:
         raise FitError(f"{path}: format is {got!r}, expected {COUNTS_FORMAT!r}")
     e, k = config.n_routed_experts, config.num_experts_per_tok
     if data.get("n_routed_experts") != e or data.get("top_k") != k:
-        raise FitError(f"{path}: {data.get('n_routed_experts')!r} experts, top_k {data.get('top_k')!r}; the model "
-                       f"has {e} routed experts, top_k {k}")
+        raise FitError(
+            f"{path}: {data.get('n_routed_experts')!r} experts, top_k {data.get('top_k')!r}; the model "
+            f"has {e} routed experts, top_k {k}"
+        )
     layers = data.get("layers")
     if not isinstance(layers, dict) or not layers:
         raise FitError(f"{path}: 'layers' must map a MoE layer id to its tokens and counts")
@@ -496,7 +540,11 @@ def load_routing(path: str | Path, config) -> Routing:
             raise FitError(f"{at}: not a MoE layer of this model (MoE layers: {placement._ranges(valid)})")
         counts = entry.get("counts") if isinstance(entry, dict) else None
         tokens = entry.get("tokens") if isinstance(entry, dict) else None
-        if not isinstance(counts, list) or len(counts) != e or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        if (
+            not isinstance(counts, list)
+            or len(counts) != e
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
+        ):
             raise FitError(f"{at}: counts must be {e} non-negative integers")
         if not isinstance(tokens, int) or isinstance(tokens, bool) or sum(counts) != tokens * k:
             raise FitError(f"{at}: the counts add up to {sum(counts)}, not tokens x top_k = {tokens!r} x {k}")
@@ -506,8 +554,12 @@ def load_routing(path: str | Path, config) -> Routing:
 
 # ------------------------------------------------------------------------------- the file
 def placement_body(fits: dict[int, Fit], config, note: str) -> dict:
-    return {"format": placement.FORMAT, "n_routed_experts": config.n_routed_experts, "note": note,
-            "layers": {str(k): fits[k].order for k in sorted(fits)}}
+    return {
+        "format": placement.FORMAT,
+        "n_routed_experts": config.n_routed_experts,
+        "note": note,
+        "layers": {str(k): fits[k].order for k in sorted(fits)},
+    }
 
 
 def write_placement(path: str | Path, body: dict, config) -> placement.Placement:
@@ -538,10 +590,13 @@ def write_placement(path: str | Path, body: dict, config) -> placement.Placement
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m glm5_hpu.placement_fit",
-        description="fit a GLM_MOE_PLACEMENT file to the routing of a glm5_mxfp4 checkpoint on a prompt set")
+        description="fit a GLM_MOE_PLACEMENT file to the routing of a glm5_mxfp4 checkpoint on a prompt set",
+    )
     p.add_argument("checkpoint", help="the converted checkpoint folder (local; nothing is downloaded)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompts", help="JSON Lines: per line a list of token ids or a string (the checkpoint's tokenizer)")
+    src.add_argument(
+        "--prompts", help="JSON Lines: per line a list of token ids or a string (the checkpoint's tokenizer)"
+    )
     src.add_argument("--counts", help="fit from routing counts a previous run wrote with --counts-out")
     p.add_argument("--out", required=True, help="the placement file to write (glm5-moe-placement/1)")
     p.add_argument("--counts-out", help="also write the routing counts here")
@@ -583,10 +638,17 @@ def _run(args) -> int:
     if args.prompts:
         prompts = read_prompts(args.prompts, ckpt)
         total = sum(len(x) for x in prompts)
-        print(f"routing: {ckpt.folder}, {len(prompts)} sequences from {args.prompts} ({total} tokens), "
-              f"{args.dtype}, GLM_DSA_SPARSE={int(switches.dsa_sparse)}", flush=True)
-        routing = collect(ckpt, prompts, sparse=switches.dsa_sparse,
-                          progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+        print(
+            f"routing: {ckpt.folder}, {len(prompts)} sequences from {args.prompts} ({total} tokens), "
+            f"{args.dtype}, GLM_DSA_SPARSE={int(switches.dsa_sparse)}",
+            flush=True,
+        )
+        routing = collect(
+            ckpt,
+            prompts,
+            sparse=switches.dsa_sparse,
+            progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
+        )
         routing.source = f"{args.prompts}: {len(prompts)} sequences, {total} tokens, {args.dtype}"
         if args.counts_out:
             try:
@@ -598,25 +660,35 @@ def _run(args) -> int:
         routing = load_routing(args.counts, cfg)
         print(f"routing: {args.counts} ({routing.source or 'no source recorded'})")
     k = cfg.n_routed_experts // n_groups
-    print(f"{n_groups} expert groups ({layout}) of {k} experts; busiest group's load per MoE layer, in (token, "
-          f"expert) assignments: before = the checkpoint's order, ideal = the layer's total / {n_groups}, "
-          "largest = the busiest single expert's (a group holding it carries at least that)")
+    print(
+        f"{n_groups} expert groups ({layout}) of {k} experts; busiest group's load per MoE layer, in (token, "
+        f"expert) assignments: before = the checkpoint's order, ideal = the layer's total / {n_groups}, "
+        "largest = the busiest single expert's (a group holding it carries at least that)"
+    )
     print(f"{'layer':>7} {'tokens':>8} {'total':>9} {'largest':>8} {'before':>8} {'after':>8} {'ideal':>10}  fit")
     fits = {}
     for layer in sorted(routing.counts):
         f = fits[layer] = fit(routing.counts[layer], n_groups)
         name = f"{layer}{' MTP' if layer >= cfg.num_hidden_layers else ''}"
-        print(f"{name:>7} {routing.tokens[layer]:>8} {f.total:>9} {f.largest:>8} {f.before:>8} {f.after:>8} {f.ideal:>10.1f}"
-              f"  {f.how()}")
+        print(
+            f"{name:>7} {routing.tokens[layer]:>8} {f.total:>9} {f.largest:>8} {f.before:>8} {f.after:>8} {f.ideal:>10.1f}"
+            f"  {f.how()}"
+        )
     before, after = sum(f.before for f in fits.values()), sum(f.after for f in fits.values())
     ideal = sum(f.ideal for f in fits.values())
-    print(f"{'all':>7} {'':>8} {sum(f.total for f in fits.values()):>9} {'':>8} {before:>8} {after:>8} {ideal:>10.1f}  "
-          "(sums over the layers)")
-    note = (f"fitted by python -m glm5_hpu.placement_fit to {routing.source or args.counts} for {n_groups} "
-            f"expert groups ({layout}); checkpoint {ckpt.folder.name}")
+    print(
+        f"{'all':>7} {'':>8} {sum(f.total for f in fits.values()):>9} {'':>8} {before:>8} {after:>8} {ideal:>10.1f}  "
+        "(sums over the layers)"
+    )
+    note = (
+        f"fitted by python -m glm5_hpu.placement_fit to {routing.source or args.counts} for {n_groups} "
+        f"expert groups ({layout}); checkpoint {ckpt.folder.name}"
+    )
     written = write_placement(args.out, placement_body(fits, cfg, note), cfg)
-    print(f"wrote {args.out}: layers {placement._ranges(sorted(written.layers))} ({placement.FORMAT}, "
-          "checked by glm5_hpu.placement.load)")
+    print(
+        f"wrote {args.out}: layers {placement._ranges(sorted(written.layers))} ({placement.FORMAT}, "
+        "checked by glm5_hpu.placement.load)"
+    )
     return 0
 
 

@@ -61,14 +61,38 @@ def install() -> None:
     if getattr(rejection_sampler.rejection_sample, "__glm5_device__", False):
         return
 
-    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_probs, bonus_token_ids, sampling_metadata, *args, **kwargs):
+    def rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        sampling_metadata,
+        *args,
+        **kwargs,
+    ):
         if not sampling_metadata.all_greedy:
-            return gaudi.rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                                          draft_probs, target_probs, bonus_token_ids, sampling_metadata, *args,
-                                          **kwargs)
-        return greedy_rejection(draft_token_ids, target_probs.argmax(dim=-1), bonus_token_ids, cu_num_draft_tokens,
-                                gaudi.PLACEHOLDER_TOKEN_ID)
+            return gaudi.rejection_sample(
+                draft_token_ids,
+                num_draft_tokens,
+                max_spec_len,
+                cu_num_draft_tokens,
+                draft_probs,
+                target_probs,
+                bonus_token_ids,
+                sampling_metadata,
+                *args,
+                **kwargs,
+            )
+        return greedy_rejection(
+            draft_token_ids,
+            target_probs.argmax(dim=-1),
+            bonus_token_ids,
+            cu_num_draft_tokens,
+            gaudi.PLACEHOLDER_TOKEN_ID,
+        )
 
     rejection_sample.__glm5_device__ = True  # type: ignore[attr-defined]
     rejection_sampler.rejection_sample = rejection_sample

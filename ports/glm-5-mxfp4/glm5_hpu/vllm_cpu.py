@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from typing import cast
 
 import torch
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
@@ -98,7 +99,8 @@ def _check_dsa_threshold(vllm_config) -> None:
         raise ValueError(
             f"GLM_DSA_SPARSE=1 with --max-model-len {max_len}: on CPU the port runs dense attention, "
             f"which is the model's DSA only up to {SEED_THRESHOLD} keys; the top-k above that is not "
-            f"built for vLLM's CPU path. Use --max-model-len <= {SEED_THRESHOLD} or GLM_DSA_SPARSE=0.")
+            f"built for vLLM's CPU path. Use --max-model-len <= {SEED_THRESHOLD} or GLM_DSA_SPARSE=0."
+        )
 
 
 class GlmMoeDsaCpuForCausalLM(GlmMoeDsaForCausalLM):
@@ -116,7 +118,9 @@ class GlmMoeDsaCpuMTP(DeepSeekMTP):
     def __init__(self, *, vllm_config, prefix: str = ""):
         spec = vllm_config.speculative_config
         draft = spec.draft_model_config if spec is not None else None
-        configs = [vllm_config.model_config] + ([draft] if draft is not None and draft is not vllm_config.model_config else [])
+        configs = [vllm_config.model_config] + (
+            [draft] if draft is not None and draft is not vllm_config.model_config else []
+        )
         with _dense_configs(*configs):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
 
@@ -137,8 +141,10 @@ class Mxfp4CpuMoEMethod(FusedMoEMethodBase):
         super().__init__(moe)
         switches = read_switches()
         if switches.mxk or switches.mxk_prefill:
-            raise SwitchError("GLM_MXK / GLM_MXK_PREFILL = 1 on CPU: the MXFP4 MoE kernels run on HPU only; "
-                              "unset them (auto) or set 0 for the reference path")
+            raise SwitchError(
+                "GLM_MXK / GLM_MXK_PREFILL = 1 on CPU: the MXFP4 MoE kernels run on HPU only; "
+                "unset them (auto) or set 0 for the reference path"
+            )
         self.layer_id = layer_id
         self.placement_file = switches.moe_placement
         self.experts: MxfpExperts | None = None
@@ -163,13 +169,19 @@ class Mxfp4CpuMoEMethod(FusedMoEMethodBase):
             for g, s in enumerate(emap.tolist()):
                 if s >= 0:
                     ids[s] = g
-        w13, s13, w2, s2 = (layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data,
-                            layer.w2_weight_scale.data)
+        w13, s13, w2, s2 = (
+            layer.w13_weight.data,
+            layer.w13_weight_scale.data,
+            layer.w2_weight.data,
+            layer.w2_weight_scale.data,
+        )
         if self.placement_file is not None and emap is not None:
             raise NotImplementedError("GLM_MOE_PLACEMENT with expert parallelism is not built for the CPU path")
         if self.placement_file is not None:
             # GLM_MOE_PLACEMENT: store the experts in the file's order for this layer (storage only)
-            order = port_placement.from_switch(self.placement_file, self._hf_config).order(self.layer_id)
+            # a prefix without layers.N (layer_id None) has no entry in the file: the checkpoint's order
+            layer = cast(int, self.layer_id)
+            order = port_placement.from_switch(self.placement_file, self._hf_config).order(layer)
             perm = torch.tensor(order)
             w13, s13, w2, s2 = (t[perm].contiguous() for t in (w13, s13, w2, s2))
             ids = list(order)
@@ -194,7 +206,7 @@ class Glm5Mxfp4CpuConfig(Mxfp4Config):
         conv = config.get("converter")
         return cls(glm5_converter=conv if isinstance(conv, str) and conv.startswith(CONVERTER) else None)
 
-    def get_supported_act_dtypes(self):  # type: ignore[override]
+    def get_supported_act_dtypes(self):
         if self.glm5_converter:
             return [torch.bfloat16, torch.float32]
         return super().get_supported_act_dtypes()
@@ -215,7 +227,7 @@ class Glm5Mxfp4CpuConfig(Mxfp4Config):
 
 def _layer_id(prefix: str) -> int | None:
     parts = prefix.split(".")
-    for a, b in zip(parts, parts[1:]):
+    for a, b in zip(parts, parts[1:], strict=False):  # neighbours: parts[1:] is one shorter
         if a == "layers" and b.isdigit():
             return int(b)
     return None
@@ -227,8 +239,17 @@ def register_quantization() -> None:
 
 
 # ------------------------------------------------------------------ speculative decoding on CPU
-def rejection_greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids,
-                            is_greedy, max_spec_len, uniform_probs, synthetic_conditional_rates):
+def rejection_greedy_sample(
+    output_token_ids,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    target_argmax,
+    bonus_token_ids,
+    is_greedy,
+    max_spec_len,
+    uniform_probs,
+    synthetic_conditional_rates,
+):
     """vLLM 0.30.0's greedy rejection (``rejection_greedy_sample_kernel``, Triton only) in torch:
     per greedy request, keep the target's argmax at each draft position up to and including the
     first one where the draft differs; if none differs, append the bonus token."""
@@ -258,7 +279,8 @@ rejection_greedy_sample.register_warmup = lambda **kwargs: None  # type: ignore[
 def _no_random_rejection(*args, **kwargs):
     raise NotImplementedError(
         "speculative decoding of a request with temperature > 0 on CPU: vLLM 0.30.0's rejection sampler "
-        "runs Triton kernels, and glm5_hpu provides the greedy rejection only")
+        "runs Triton kernels, and glm5_hpu provides the greedy rejection only"
+    )
 
 
 def register_rejection_sampler() -> None:

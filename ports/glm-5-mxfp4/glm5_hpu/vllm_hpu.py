@@ -42,9 +42,12 @@ def check_launch(vllm_config) -> Switches:
     switches = read_switches()
     wants_kernels = resolve_auto(switches.mxk, on_hpu=True) or resolve_auto(switches.mxk_prefill, on_hpu=True)
     found = kernels() if wants_kernels else None
-    problems = hpu_not_built(switches, max_model_len=vllm_config.model_config.max_model_len,
-                             speculative=vllm_config.speculative_config is not None,
-                             kernels_missing=found if isinstance(found, str) else None)
+    problems = hpu_not_built(
+        switches,
+        max_model_len=vllm_config.model_config.max_model_len,
+        speculative=vllm_config.speculative_config is not None,
+        kernels_missing=found if isinstance(found, str) else None,
+    )
     if problems:
         raise SwitchError("glm5_hpu on HPU cannot serve this launch as asked:\n  " + "\n  ".join(problems))
     return switches
@@ -118,13 +121,13 @@ def _dispatch_kernels(method, *, decode: bool, prefill: bool) -> None:
 
     def process_weights_after_loading(layer) -> None:
         set_up(layer)
-        experts = (layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data,
-                   layer.w2_weight_scale.data)
+        experts = (layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data, layer.w2_weight_scale.data)
         layer.moe_op = GlmMxkMoEOp(layer.moe_op, found, experts, decode=decode, prefill=prefill)
 
     method.process_weights_after_loading = process_weights_after_loading
-    logger.info("glm5_hpu: MXFP4 MoE with the GLM kernels (%s): decode %s, prefill unpack %s", found.where,
-                decode, prefill)
+    logger.info(
+        "glm5_hpu: MXFP4 MoE with the GLM kernels (%s): decode %s, prefill unpack %s", found.where, decode, prefill
+    )
 
 
 def register_quantization() -> None:

@@ -28,10 +28,15 @@ from .progress import Progress
 from .source import COPIED_FILES, INDEX, InputError, Source
 
 LAYOUT = "per-expert"
-LAYOUT_TEXT = ("per-expert: <module>.weight uint8 [out, in/2] (E2M1, element 2i in the low nibble) and "
-               "<module>.weight_scale uint8 [out, in/32] (E8M0, bias 127); every other tensor unchanged")
-MODULES = ["model.layers.*.mlp.experts.*.gate_proj", "model.layers.*.mlp.experts.*.up_proj",
-           "model.layers.*.mlp.experts.*.down_proj"]
+LAYOUT_TEXT = (
+    "per-expert: <module>.weight uint8 [out, in/2] (E2M1, element 2i in the low nibble) and "
+    "<module>.weight_scale uint8 [out, in/32] (E8M0, bias 127); every other tensor unchanged"
+)
+MODULES = [
+    "model.layers.*.mlp.experts.*.gate_proj",
+    "model.layers.*.mlp.experts.*.up_proj",
+    "model.layers.*.mlp.experts.*.down_proj",
+]
 DEFAULT_MODE = "even"
 TASK_INDEX_ENV = ("JOB_COMPLETION_INDEX", "SLURM_ARRAY_TASK_ID")
 
@@ -41,16 +46,30 @@ class VerifyError(Exception):
 
 
 def make_plan(src: Source, mode: str) -> dict:
-    return {"format": 1, "converter": f"glm5_mxfp4 {__version__}", "source_index_sha256": src.index_sha256,
-            "scale_mode": mode, "block_size": mxfp4.BLOCK, "layout": LAYOUT,
-            "units": {u: src.unit_file(u) for u in src.units}}
+    return {
+        "format": 1,
+        "converter": f"glm5_mxfp4 {__version__}",
+        "source_index_sha256": src.index_sha256,
+        "scale_mode": mode,
+        "block_size": mxfp4.BLOCK,
+        "layout": LAYOUT,
+        "units": {u: src.unit_file(u) for u in src.units},
+    }
 
 
 def quantization_config(plan: dict) -> dict:
-    return {"quant_method": "mxfp4", "scale_mode": plan["scale_mode"], "block_size": plan["block_size"],
-            "element_dtype": "e2m1", "scale_dtype": "e8m0", "rounding": "nearest, ties to even; saturate to 6",
-            "modules": MODULES, "layout": LAYOUT_TEXT, "source_index_sha256": plan["source_index_sha256"],
-            "converter": plan["converter"]}
+    return {
+        "quant_method": "mxfp4",
+        "scale_mode": plan["scale_mode"],
+        "block_size": plan["block_size"],
+        "element_dtype": "e2m1",
+        "scale_dtype": "e8m0",
+        "rounding": "nearest, ties to even; saturate to 6",
+        "modules": MODULES,
+        "layout": LAYOUT_TEXT,
+        "source_index_sha256": plan["source_index_sha256"],
+        "converter": plan["converter"],
+    }
 
 
 def _plan_mismatch(have: dict, want: dict) -> str | None:
@@ -79,8 +98,16 @@ def unit_state(src: Source, dest: Dest, plan: dict, unit: str) -> str | None:
 class Worker:
     """One worker: claims its units in DST, converts those not finished, records each."""
 
-    def __init__(self, src: Source, dest: Dest, mode: str, worker_id: str, units: list[str],
-                 quiet: bool = False, position: int = 0):
+    def __init__(
+        self,
+        src: Source,
+        dest: Dest,
+        mode: str,
+        worker_id: str,
+        units: list[str],
+        quiet: bool = False,
+        position: int = 0,
+    ):
         self.src, self.dest, self.mode, self.id, self.units = src, dest, mode, worker_id, units
         self.quiet, self.position = quiet, position
         self.plan = make_plan(src, mode)
@@ -94,8 +121,10 @@ class Worker:
     def check_dest(self) -> None:
         foreign = self.dest.foreign_content()
         if foreign:
-            raise InputError(f"{self.dest.root}: holds {foreign[:3]}{'...' if len(foreign) > 3 else ''}, "
-                             "which is not a conversion by this tool; choose an empty or new DST")
+            raise InputError(
+                f"{self.dest.root}: holds {foreign[:3]}{'...' if len(foreign) > 3 else ''}, "
+                "which is not a conversion by this tool; choose an empty or new DST"
+            )
         have = self.dest.existing_plan()
         if have is not None:
             why = _plan_mismatch(have, self.plan)
@@ -126,8 +155,10 @@ class Worker:
                     continue
                 common = sorted(mine & set(units))
                 if common:
-                    raise InputError(f"{self.dest.claim_path(other)}: worker {other} already owns {common}; "
-                                     f"worker {self.id} overlaps it (two workers never write the same file)")
+                    raise InputError(
+                        f"{self.dest.claim_path(other)}: worker {other} already owns {common}; "
+                        f"worker {self.id} overlaps it (two workers never write the same file)"
+                    )
             path = self.dest.claim_path(self.id)
             if not os.path.isfile(path):
                 write_atomic(path, dump({"worker": self.id, "units": self.units}), f"claim {self.id}")
@@ -137,7 +168,9 @@ class Worker:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise InputError(f"{self.dest.claim_path(self.id)}: another process is running worker {self.id} now") from None
+            raise InputError(
+                f"{self.dest.claim_path(self.id)}: another process is running worker {self.id} now"
+            ) from None
         return fd
 
     def run(self) -> list[str]:
@@ -165,8 +198,15 @@ class Worker:
         rec = convert_unit(self.src, unit, out, self.mode, progress)
         if not existed:
             self.created.append(out)
-        rec.update({"unit": unit, "file": self.plan["units"][unit], "scale_mode": self.mode,
-                    "source_index_sha256": self.src.index_sha256, "fingerprint": self.src.fingerprint(unit)})
+        rec.update(
+            {
+                "unit": unit,
+                "file": self.plan["units"][unit],
+                "scale_mode": self.mode,
+                "source_index_sha256": self.src.index_sha256,
+                "fingerprint": self.src.fingerprint(unit),
+            }
+        )
         path = self.dest.record_path(unit)
         existed = os.path.exists(path)
         write_atomic(path, dump(rec), f"{unit}: record")
@@ -196,8 +236,10 @@ def finalize(src: Source, dest: Dest, mode: str | None = None) -> dict:
     problems = [(u, s) for u in src.units if (s := unit_state(src, dest, plan, u)) is not None]
     if problems:
         listed = "; ".join(f"{u}: {s}" for u, s in problems[:5])
-        raise InputError(f"{dest.root}: {len(problems)} of {len(src.units)} units are not finished ({listed}"
-                         f"{'; ...' if len(problems) > 5 else ''}); run their workers, then --finalize again")
+        raise InputError(
+            f"{dest.root}: {len(problems)} of {len(src.units)} units are not finished ({listed}"
+            f"{'; ...' if len(problems) > 5 else ''}); run their workers, then --finalize again"
+        )
     weight_map: dict[str, str] = {}
     total = 0
     for unit in src.units:
@@ -267,7 +309,9 @@ def verify(src: Source, dest: Dest, sample: int | None = None, quiet: bool = Fal
     weight_map = index["weight_map"]
     if set(weight_map) != set(specs):
         diff = sorted(set(weight_map) ^ set(specs))
-        raise VerifyError(f"{index_path}: names {len(weight_map)} tensors, the source makes {len(specs)} (first difference: {diff[0]})")
+        raise VerifyError(
+            f"{index_path}: names {len(weight_map)} tensors, the source makes {len(specs)} (first difference: {diff[0]})"
+        )
     by_file: dict[str, list[str]] = {}
     for name, file in weight_map.items():
         by_file.setdefault(file, []).append(name)
@@ -283,7 +327,9 @@ def verify(src: Source, dest: Dest, sample: int | None = None, quiet: bool = Fal
         for name in names:
             e, s = h.entries[name], specs[name]
             if (e.dtype, e.shape) != (s.dtype, s.shape):
-                raise VerifyError(f"{path}: tensor {name} is {e.dtype}{list(e.shape)}, expected {s.dtype}{list(s.shape)}")
+                raise VerifyError(
+                    f"{path}: tensor {name} is {e.dtype}{list(e.shape)}, expected {s.dtype}{list(s.shape)}"
+                )
             total += e.nbytes
         headers[file] = h
     if index.get("metadata", {}).get("total_size") != total:
@@ -315,13 +361,16 @@ def verify(src: Source, dest: Dest, sample: int | None = None, quiet: bool = Fal
                         if a != b:
                             mismatches.append(f"{out_h.path}: tensor {t.name} differs from the source")
                     elif t.name in chosen:
-                        q, s = mxfp4.quantize(mxfp4.as_bf16_bits(_read(fs, t.entry)).reshape(t.entry.shape),
-                                              plan["scale_mode"])
+                        q, scales = mxfp4.quantize(
+                            mxfp4.as_bf16_bits(_read(fs, t.entry)).reshape(t.entry.shape), plan["scale_mode"]
+                        )
                         checked["quantized"] += 1
                         if q.tobytes() != _read(fo, out_h.entries[t.name]):
                             mismatches.append(f"{out_h.path}: tensor {t.name} is not the re-quantization of the source")
-                        if s.tobytes() != _read(fo, out_h.entries[t.name + '_scale']):
-                            mismatches.append(f"{out_h.path}: tensor {t.name}_scale is not the re-quantization of the source")
+                        if scales.tobytes() != _read(fo, out_h.entries[t.name + "_scale"]):
+                            mismatches.append(
+                                f"{out_h.path}: tensor {t.name}_scale is not the re-quantization of the source"
+                            )
                     else:
                         checked["quantized_skipped"] += 1
                     progress.advance(t.entry.nbytes, 1)
@@ -332,7 +381,9 @@ def verify(src: Source, dest: Dest, sample: int | None = None, quiet: bool = Fal
             os.close(fd)
         progress.close()
     if mismatches:
-        raise VerifyError("; ".join(mismatches[:5]) + (f"; and {len(mismatches) - 5} more" if len(mismatches) > 5 else ""))
+        raise VerifyError(
+            "; ".join(mismatches[:5]) + (f"; and {len(mismatches) - 5} more" if len(mismatches) > 5 else "")
+        )
     return checked
 
 
@@ -372,31 +423,44 @@ def _task_index(value: str, count: int | None) -> tuple[int, int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m glm5_mxfp4.convert",
-                                description="BF16 glm_moe_dsa checkpoint -> MXFP4 routed experts (everything else unchanged).",
-                                epilog="Also: python -m glm5_mxfp4.convert verify SRC DST [--sample N] re-reads DST against SRC. "
-                                       "Without a mode option the whole plan runs here (as --workers 1), then --finalize.")
+    p = argparse.ArgumentParser(
+        prog="python -m glm5_mxfp4.convert",
+        description="BF16 glm_moe_dsa checkpoint -> MXFP4 routed experts (everything else unchanged).",
+        epilog="Also: python -m glm5_mxfp4.convert verify SRC DST [--sample N] re-reads DST against SRC. "
+        "Without a mode option the whole plan runs here (as --workers 1), then --finalize.",
+    )
     p.add_argument("src", metavar="SRC")
     p.add_argument("dst", metavar="DST")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--layers", type=_layers, metavar="A:B", help="one worker for layers A..B-1")
     g.add_argument("--other", action="store_true", help="the worker for every tensor outside the decoder layers")
-    g.add_argument("--finalize", action="store_true", help="write the index and config, copy tokenizer files and LICENSE")
-    g.add_argument("--workers", type=int, metavar="N", help="the whole plan here as N processes, then finalize (default 1)")
-    g.add_argument("--task-index", metavar="I|auto", help=f"task I of --task-count N; auto reads {' or '.join(TASK_INDEX_ENV)}")
+    g.add_argument(
+        "--finalize", action="store_true", help="write the index and config, copy tokenizer files and LICENSE"
+    )
+    g.add_argument(
+        "--workers", type=int, metavar="N", help="the whole plan here as N processes, then finalize (default 1)"
+    )
+    g.add_argument(
+        "--task-index", metavar="I|auto", help=f"task I of --task-count N; auto reads {' or '.join(TASK_INDEX_ENV)}"
+    )
     p.add_argument("--task-count", type=int, metavar="N")
-    p.add_argument("--scale-mode", choices=mxfp4.SCALE_MODES, default=None,
-                   help=f"E8M0 scale rule (default {DEFAULT_MODE}; see the README for the measured error)")
+    p.add_argument(
+        "--scale-mode",
+        choices=mxfp4.SCALE_MODES,
+        default=None,
+        help=f"E8M0 scale rule (default {DEFAULT_MODE}; see the README for the measured error)",
+    )
     p.add_argument("--quiet", action="store_true")
     return p
 
 
 def _verify_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m glm5_mxfp4.convert verify",
-                                description="Re-read DST against SRC.")
+    p = argparse.ArgumentParser(prog="python -m glm5_mxfp4.convert verify", description="Re-read DST against SRC.")
     p.add_argument("src", metavar="SRC")
     p.add_argument("dst", metavar="DST")
-    p.add_argument("--sample", type=int, metavar="N", help="re-quantize N routed-expert tensors per output file (default: all)")
+    p.add_argument(
+        "--sample", type=int, metavar="N", help="re-quantize N routed-expert tensors per output file (default: all)"
+    )
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -415,8 +479,19 @@ def _run_workers(args, src: Source, dest: Dest, mode: str) -> None:
     env.setdefault("NUMBA_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     procs = []
     for i in range(n):
-        cmd = [sys.executable, "-m", "glm5_mxfp4.convert", src.root, dest.root, "--task-index", str(i),
-               "--task-count", str(n), "--scale-mode", mode] + (["--quiet"] if args.quiet else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "glm5_mxfp4.convert",
+            src.root,
+            dest.root,
+            "--task-index",
+            str(i),
+            "--task-count",
+            str(n),
+            "--scale-mode",
+            mode,
+        ] + (["--quiet"] if args.quiet else [])
         procs.append(subprocess.Popen(cmd, env=dict(env, GLM5_MXFP4_POSITION=str(i))))
     failed = []
     for i, proc in enumerate(procs):
@@ -454,9 +529,11 @@ def main(argv: list[str] | None = None) -> int:
             src = Source(args.src)
             checked = verify(src, Dest(args.dst), args.sample, args.quiet)
             if not args.quiet:
-                print(f"verified {args.dst}: {checked['copied']} copied tensors equal to the source, "
-                      f"{checked['quantized']} routed-expert tensors equal to a re-quantization"
-                      + (f" ({checked['quantized_skipped']} not sampled)" if checked["quantized_skipped"] else ""))
+                print(
+                    f"verified {args.dst}: {checked['copied']} copied tensors equal to the source, "
+                    f"{checked['quantized']} routed-expert tensors equal to a re-quantization"
+                    + (f" ({checked['quantized_skipped']} not sampled)" if checked["quantized_skipped"] else "")
+                )
             return 0
         args = _parser().parse_args(argv)
         src = Source(args.src)
@@ -464,8 +541,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.finalize:
             index = finalize(src, dest, args.scale_mode)
             if not args.quiet:
-                print(f"finalized {dest.root}: {len(index['weight_map'])} tensors, "
-                      f"{index['metadata']['total_size'] / 1e9:.3f} GB")
+                print(
+                    f"finalized {dest.root}: {len(index['weight_map'])} tensors, "
+                    f"{index['metadata']['total_size'] / 1e9:.3f} GB"
+                )
             return 0
         mode = args.scale_mode or (dest.existing_plan() or {}).get("scale_mode") or DEFAULT_MODE
         position = int(os.environ.get("GLM5_MXFP4_POSITION", "0"))
@@ -483,8 +562,10 @@ def main(argv: list[str] | None = None) -> int:
             _run_workers(args, src, dest, mode)
             index = finalize(src, dest, mode)
             if not args.quiet:
-                print(f"converted {src.root} -> {dest.root}: {len(index['weight_map'])} tensors, "
-                      f"{index['metadata']['total_size'] / 1e9:.3f} GB, scale mode {mode}")
+                print(
+                    f"converted {src.root} -> {dest.root}: {len(index['weight_map'])} tensors, "
+                    f"{index['metadata']['total_size'] / 1e9:.3f} GB, scale mode {mode}"
+                )
         return 0
     except InputError as exc:
         print(f"refused: {exc}", file=sys.stderr)

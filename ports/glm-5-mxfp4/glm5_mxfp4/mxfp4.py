@@ -106,10 +106,24 @@ def _small_block(xr, qr, first, b, t):
         v1 = np.int32(xr[first + 2 * j + 1])
         a0 = v0 & 0x7FFF
         a1 = v1 & 0x7FFF
-        c0 = (np.int32(a0 > t[0]) + np.int32(a0 >= t[1]) + np.int32(a0 > t[2]) + np.int32(a0 >= t[3])
-              + np.int32(a0 > t[4]) + np.int32(a0 >= t[5]) + np.int32(a0 > t[6])) | ((v0 >> 12) & 8)
-        c1 = (np.int32(a1 > t[0]) + np.int32(a1 >= t[1]) + np.int32(a1 > t[2]) + np.int32(a1 >= t[3])
-              + np.int32(a1 > t[4]) + np.int32(a1 >= t[5]) + np.int32(a1 > t[6])) | ((v1 >> 12) & 8)
+        c0 = (
+            np.int32(a0 > t[0])
+            + np.int32(a0 >= t[1])
+            + np.int32(a0 > t[2])
+            + np.int32(a0 >= t[3])
+            + np.int32(a0 > t[4])
+            + np.int32(a0 >= t[5])
+            + np.int32(a0 > t[6])
+        ) | ((v0 >> 12) & 8)
+        c1 = (
+            np.int32(a1 > t[0])
+            + np.int32(a1 >= t[1])
+            + np.int32(a1 > t[2])
+            + np.int32(a1 >= t[3])
+            + np.int32(a1 > t[4])
+            + np.int32(a1 >= t[5])
+            + np.int32(a1 > t[6])
+        ) | ((v1 >> 12) & 8)
         qr[b * 16 + j] = np.uint8(c0 | (c1 << 4))
 
 
@@ -175,8 +189,8 @@ def as_bf16_bits(x) -> np.ndarray:
     try:
         import torch
     except ImportError:  # pragma: no cover
-        torch = None
-    if torch is not None and isinstance(x, torch.Tensor):
+        raise TypeError(f"cannot read bf16 bits from {type(x).__name__}") from None
+    if isinstance(x, torch.Tensor):
         if x.dtype != torch.bfloat16:
             raise TypeError(f"expected a bfloat16 tensor, got {x.dtype}")
         return x.contiguous().view(torch.int16).numpy().view(np.uint16)
@@ -187,8 +201,9 @@ def _check(x16: np.ndarray, mode: str) -> np.ndarray:
     if mode not in SCALE_MODES:
         raise ValueError(f"scale mode must be one of {SCALE_MODES}, got {mode!r}")
     if x16.ndim == 0 or x16.shape[-1] % BLOCK:
-        raise ValueError(f"the block axis (last) has {x16.shape[-1] if x16.ndim else 0} elements, "
-                         f"not a multiple of {BLOCK}")
+        raise ValueError(
+            f"the block axis (last) has {x16.shape[-1] if x16.ndim else 0} elements, not a multiple of {BLOCK}"
+        )
     return np.ascontiguousarray(x16).reshape(-1, x16.shape[-1])
 
 
@@ -199,8 +214,9 @@ def _first_non_finite(x2: np.ndarray, shape: tuple[int, ...]) -> NonFiniteError:
     return NonFiniteError(index, float(bits.view(np.float32)[0]))
 
 
-def quantize(x, mode: str = "even", out_q: np.ndarray | None = None,
-             out_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def quantize(
+    x, mode: str = "even", out_q: np.ndarray | None = None, out_s: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """bf16 [..., K] -> (packed uint8 [..., K/2], scales uint8 [..., K/32]). Raises NonFiniteError."""
     x16 = as_bf16_bits(x)
     shape = x16.shape

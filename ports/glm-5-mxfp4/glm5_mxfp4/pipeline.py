@@ -41,7 +41,7 @@ def aligned_buffer(size: int) -> np.ndarray:
     """A uint8 buffer whose address is a multiple of ALIGN, with room to read whole aligned blocks."""
     raw = np.empty(size + 3 * ALIGN, dtype=np.uint8)
     skip = (-raw.ctypes.data) % ALIGN
-    return raw[skip:skip + size + 2 * ALIGN]
+    return raw[skip : skip + size + 2 * ALIGN]
 
 
 class SourceReader:
@@ -67,17 +67,17 @@ class SourceReader:
             length = -(-(skip + n) // ALIGN) * ALIGN
             if length <= len(buf):
                 got = 0
-                mv = memoryview(buf)
+                mv = buf.data
                 while got < skip + n:
                     if got % ALIGN:  # a short read left us unaligned: finish the plain way
-                        _pread_into(self.fd, mv[got:skip + n], start + got)
+                        _pread_into(self.fd, mv[got : skip + n], start + got)
                         break
                     r = os.preadv(self.dfd, [mv[got:length]], start + got)
                     if r <= 0:
                         raise OSError(f"{self.path}: short read at offset {start + got}")
                     got += r
-                return buf[skip:skip + n]
-        _pread_into(self.fd, memoryview(buf)[:n], begin)
+                return buf[skip : skip + n]
+        _pread_into(self.fd, buf.data[:n], begin)
         return buf[:n]
 
     def drop(self, begin: int, n: int) -> None:
@@ -163,20 +163,19 @@ class OutputFile:
     def __init__(self, path: str):
         self.path = path
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        self.fd = None
+        fd = None
         if DIRECT_WRITES and hasattr(os, "O_DIRECT"):
             try:
-                self.fd = os.open(path, flags | os.O_DIRECT, 0o644)
+                fd = os.open(path, flags | os.O_DIRECT, 0o644)
             except OSError:  # e.g. tmpfs
-                self.fd = None
-        self.direct = self.fd is not None
-        if self.fd is None:
-            self.fd = os.open(path, flags, 0o644)
+                fd = None
+        self.direct = fd is not None
+        self.fd: int = os.open(path, flags, 0o644) if fd is None else fd
         self.fill = 0  # bytes waiting in `stage`
         self.written = 0  # bytes accepted
         self.pos = 0  # file offset of stage[0]
         self.since_sync = 0
-        self.stage = None
+        self.stage: np.ndarray | None = None
         self._flushers: list[threading.Thread] = []
         self._errors: list[BaseException] = []
         # staged: every byte goes through the staging buffers and pwrite at its offset, even if the
@@ -197,9 +196,10 @@ class OutputFile:
         if not self.staged:
             self._plain(mv)
             return
+        assert self.stage is not None, "write after finish"
         while len(mv):
             n = min(len(mv), STAGE - self.fill)
-            self.stage[self.fill:self.fill + n] = mv[:n]
+            self.stage[self.fill : self.fill + n] = mv[:n]
             self.fill += n
             mv = mv[n:]
             if self.fill == STAGE:
@@ -223,7 +223,7 @@ class OutputFile:
     def _pwrite(self, buf: np.ndarray, pos: int, n: int) -> None:
         """Bytes [0, n) of `buf` at `pos`: direct while the file system takes it, else plain (a file
         system that opens with O_DIRECT but refuses the write)."""
-        mv = memoryview(buf)
+        mv = buf.data
         done = 0
         while done < n:
             try:
@@ -280,7 +280,7 @@ class OutputFile:
         if self.fill > whole:  # the last partial block: O_DIRECT takes whole blocks only
             if self._direct_flag():
                 self._to_plain()
-            tail = memoryview(self.stage)[whole:self.fill]
+            tail = self.stage.data[whole : self.fill]
             done = 0
             while done < len(tail):
                 done += os.pwrite(self.fd, tail[done:], self.pos + whole + done)
@@ -343,16 +343,18 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
                     x2 = data.view(np.uint16).reshape(rows, k)
                     n_q = rows * (k // 2)
                     q2 = item.out[:n_q].reshape(rows, k // 2)
-                    s2 = item.out[n_q:n_q + rows * (k // mxfp4.BLOCK)].reshape(rows, k // mxfp4.BLOCK)
+                    s2 = item.out[n_q : n_q + rows * (k // mxfp4.BLOCK)].reshape(rows, k // mxfp4.BLOCK)
                     # the whole tensor in one call each: hashing and quantizing it in cache-sized
                     # chunks cost more CPU time here (more calls, more GIL hand-overs), not less
                     item.digest = blake3.blake3(data).hexdigest()
                     mxfp4.quantize_rows(x2, mode, q2, s2, 0, rows)
-                    item.data = item.out[:n_q + rows * (k // mxfp4.BLOCK)]
+                    item.data = item.out[: n_q + rows * (k // mxfp4.BLOCK)]
             except mxfp4.NonFiniteError as exc:
-                item.error = InputError(f"{src.headers[item.tensor.shard].path}: tensor {item.tensor.name} has a "
-                                        f"non-finite value ({exc.value}) at index {list(exc.index)}; nothing is "
-                                        "quantized from it")
+                item.error = InputError(
+                    f"{src.headers[item.tensor.shard].path}: tensor {item.tensor.name} has a "
+                    f"non-finite value ({exc.value}) at index {list(exc.index)}; nothing is "
+                    "quantized from it"
+                )
                 fail(item.error)
             except BaseException as exc:
                 item.error = exc
@@ -464,8 +466,16 @@ def convert_unit(src: Source, unit: str, out_path: str, mode: str, progress=None
     fsync_dir(os.path.dirname(out_path))
     crashpoint(f"{unit}: output renamed, before record")
     return {
-        "tensors": {t.name: {"shard": t.shard, "dtype": t.entry.dtype, "shape": list(t.entry.shape),
-                             "quantized": t.quantized, "blake3": hashes[t.name]} for t in tensors},
+        "tensors": {
+            t.name: {
+                "shard": t.shard,
+                "dtype": t.entry.dtype,
+                "shape": list(t.entry.shape),
+                "quantized": t.quantized,
+                "blake3": hashes[t.name],
+            }
+            for t in tensors
+        },
         "outputs": {s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in specs},
         "output_size": out.written,
         "output_blake3": out_hash.hexdigest(),

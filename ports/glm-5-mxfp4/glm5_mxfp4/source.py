@@ -25,7 +25,8 @@ LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 COPIED_FILES = re.compile(
     r"^(LICENSE.*|NOTICE.*|USE_POLICY.*|tokenizer\.json|tokenizer_config\.json|tokenizer\.model|"
     r"special_tokens_map\.json|added_tokens\.json|vocab\.json|merges\.txt|chat_template\.jinja|"
-    r"chat_template\.json|generation_config\.json)$")
+    r"chat_template\.json|generation_config\.json)$"
+)
 
 
 class InputError(Exception):
@@ -62,8 +63,10 @@ class Source:
         for shard in sorted(set(weight_map.values())):
             path = os.path.join(self.root, shard)
             if not os.path.isfile(path):
-                raise InputError(f"{self.index_path}: names shard {shard}, which is missing "
-                                 f"({path}; first tensor {min(k for k, v in weight_map.items() if v == shard)})")
+                raise InputError(
+                    f"{self.index_path}: names shard {shard}, which is missing "
+                    f"({path}; first tensor {min(k for k, v in weight_map.items() if v == shard)})"
+                )
             try:
                 self.headers[shard] = st.read_header(path)
             except st.FormatError as exc:
@@ -74,18 +77,22 @@ class Source:
             header = self.headers[shard]
             entry = header.entries.get(name)
             if entry is None:
-                raise InputError(f"{self.index_path}: tensor {name} is listed in {shard}, "
-                                 f"but {header.path} does not hold it")
+                raise InputError(
+                    f"{self.index_path}: tensor {name} is listed in {shard}, but {header.path} does not hold it"
+                )
             self.tensors[name] = Tensor(name, shard, entry, bool(QUANTIZED.match(name)))
         for header in self.headers.values():
             extra = sorted(set(header.entries) - set(self.tensors))
             if extra:
-                raise InputError(f"{header.path}: holds tensor {extra[0]}, which {INDEX} does not name "
-                                 f"({len(extra)} such)")
+                raise InputError(
+                    f"{header.path}: holds tensor {extra[0]}, which {INDEX} does not name ({len(extra)} such)"
+                )
         self._check_tensors()
         if not any(COPIED_FILES.match(f) and f.startswith("LICENSE") for f in os.listdir(self.root)):
-            raise InputError(f"{self.root}: no LICENSE file; the converted checkpoint is a derivative "
-                             "and must carry the release's licence")
+            raise InputError(
+                f"{self.root}: no LICENSE file; the converted checkpoint is a derivative "
+                "and must carry the release's licence"
+            )
         layers = sorted({int(m.group(1)) for n in self.tensors if (m := LAYER.match(n))})
         self.units: list[str] = [unit_name(None)] + [unit_name(layer) for layer in layers]
         self.layers = layers
@@ -103,14 +110,18 @@ class Source:
         model_type = config.get("model_type")
         archs = config.get("architectures") or []
         if model_type != MODEL_TYPE or (archs and ARCHITECTURE not in archs):
-            raise InputError(f"{path}: model_type {model_type!r}, architectures {archs}: this converter "
-                             f"takes a {MODEL_TYPE} ({ARCHITECTURE}) checkpoint")
+            raise InputError(
+                f"{path}: model_type {model_type!r}, architectures {archs}: this converter "
+                f"takes a {MODEL_TYPE} ({ARCHITECTURE}) checkpoint"
+            )
         if "quantization_config" in config:
             qc = config["quantization_config"]
             method = qc.get("quant_method") if isinstance(qc, dict) else qc
-            raise InputError(f"{path}: has a quantization_config (quant_method {method!r}): this is a "
-                             "quantized checkpoint; quantize from the BF16 release (zai-org/GLM-5.3-BF16), "
-                             "not from FP8 or another quantized build")
+            raise InputError(
+                f"{path}: has a quantization_config (quant_method {method!r}): this is a "
+                "quantized checkpoint; quantize from the BF16 release (zai-org/GLM-5.3-BF16), "
+                "not from FP8 or another quantized build"
+            )
         return config
 
     def _index(self) -> tuple[str, dict[str, str]]:
@@ -129,14 +140,17 @@ class Source:
         for t in self.tensors.values():
             where = f"{self.headers[t.shard].path}: tensor {t.name}"
             if t.entry.dtype.startswith("F8"):
-                raise InputError(f"{where} has dtype {t.entry.dtype}: this is an FP8 checkpoint; quantize "
-                                 "from the BF16 release (zai-org/GLM-5.3-BF16)")
+                raise InputError(
+                    f"{where} has dtype {t.entry.dtype}: this is an FP8 checkpoint; quantize "
+                    "from the BF16 release (zai-org/GLM-5.3-BF16)"
+                )
             if t.quantized:
                 if t.entry.dtype != "BF16":
                     raise InputError(f"{where} has dtype {t.entry.dtype}; routed experts must be BF16")
                 if len(t.entry.shape) != 2 or t.entry.shape[-1] % BLOCK:
-                    raise InputError(f"{where} has shape {list(t.entry.shape)}: the block axis (last) "
-                                     f"must be a multiple of {BLOCK}")
+                    raise InputError(
+                        f"{where} has shape {list(t.entry.shape)}: the block axis (last) must be a multiple of {BLOCK}"
+                    )
 
     # -- plan ---------------------------------------------------------------------------------
     def unit_tensors(self, unit: str) -> list[Tensor]:
@@ -159,16 +173,20 @@ class Source:
     def fingerprint(self, unit: str) -> dict:
         """What a unit's output depends on, cheap to recheck: each source shard's size and header."""
         shards = sorted({t.shard for t in self.unit_tensors(unit)})
-        return {s: {"size": self.headers[s].size, "header_sha256": hashlib.sha256(self.headers[s].raw).hexdigest()}
-                for s in shards}
+        return {
+            s: {"size": self.headers[s].size, "header_sha256": hashlib.sha256(self.headers[s].raw).hexdigest()}
+            for s in shards
+        }
 
     def layer_units(self, first: int, stop: int) -> list[str]:
         if not (0 <= first < stop):
             raise InputError(f"--layers {first}:{stop}: need 0 <= A < B")
         units = [unit_name(layer) for layer in self.layers if first <= layer < stop]
         if not units:
-            raise InputError(f"--layers {first}:{stop}: no layer of {self.index_path} is in that range "
-                             f"(layers {self.layers[0]}..{self.layers[-1]})")
+            raise InputError(
+                f"--layers {first}:{stop}: no layer of {self.index_path} is in that range "
+                f"(layers {self.layers[0]}..{self.layers[-1]})"
+            )
         return units
 
     def tasks(self, count: int) -> list[list[str]]:

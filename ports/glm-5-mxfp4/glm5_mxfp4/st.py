@@ -15,9 +15,25 @@ import struct
 from dataclasses import dataclass
 
 DTYPE_SIZE = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
-    "F8_E5M2FNUZ": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "F8_E4M3FNUZ": 1,
+    "F8_E5M2FNUZ": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
 }
 MAX_HEADER = 100 * 1024 * 1024  # the reference implementation refuses larger headers
 
@@ -78,8 +94,10 @@ def read_header(path: str) -> Header:
         for d in shape:
             count *= d
         if not (0 <= b <= e and base + e <= size and e - b == count * DTYPE_SIZE[dtype]):
-            raise FormatError(f"{path}: tensor {name}: data_offsets {[b, e]} do not match "
-                              f"{dtype}{list(shape)} within a {size}-byte file")
+            raise FormatError(
+                f"{path}: tensor {name}: data_offsets {[b, e]} do not match "
+                f"{dtype}{list(shape)} within a {size}-byte file"
+            )
         entries[name] = Entry(name, dtype, shape, base + b, base + e)
     return Header(path, size, raw, entries, metadata)
 

@@ -26,8 +26,13 @@ def main(src: str, base: str, count: int) -> list[dict]:
             rc = convert.main([src, os.path.join(base, f"k{n}"), "--workers", "1", "--quiet"])
             os._exit(100 + rc)  # reached only if the kill did not happen
         _, status = os.waitpid(pid, 0)
-        results.append({"n": n, "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                        "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None})
+        results.append(
+            {
+                "n": n,
+                "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            }
+        )
     return results
 
 

@@ -28,17 +28,39 @@ def config(num_hidden_layers: int = 3, n_routed_experts: int = 8, **overrides):
     from transformers import GlmMoeDsaConfig
 
     fields = dict(
-        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
-        num_hidden_layers=num_hidden_layers, first_k_dense_replace=1, n_routed_experts=n_routed_experts,
-        num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
-        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, index_topk=8,
-        index_head_dim=32, index_n_heads=2, max_position_embeddings=128)
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        num_hidden_layers=num_hidden_layers,
+        first_k_dense_replace=1,
+        n_routed_experts=n_routed_experts,
+        num_experts_per_tok=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=16,
+        index_topk=8,
+        index_head_dim=32,
+        index_n_heads=2,
+        max_position_embeddings=128,
+    )
     fields.update(overrides)
     return GlmMoeDsaConfig(**fields)
 
 
-def make(path: str, num_hidden_layers: int = 3, n_routed_experts: int = 8, seed: int = 0,
-         shard_size: str = "150KB", mtp: bool = True, **overrides) -> str:
+def make(
+    path: str,
+    num_hidden_layers: int = 3,
+    n_routed_experts: int = 8,
+    seed: int = 0,
+    shard_size: str = "150KB",
+    mtp: bool = True,
+    **overrides,
+) -> str:
     from transformers import GlmMoeDsaForCausalLM
 
     torch.manual_seed(seed)
@@ -79,13 +101,15 @@ def _add_mtp_layer(path: str, index: dict, cfg, seed: int) -> None:
             with safe_open(os.path.join(path, shard), "pt") as f:
                 t = f.get_tensor(name)
             new = (torch.randn(t.shape, generator=gen) * 0.02).to(t.dtype)
-            tensors[f"model.layers.{mtp}." + name[len(prefix):]] = new
+            tensors[f"model.layers.{mtp}." + name[len(prefix) :]] = new
     h = cfg.hidden_size
     tensors[f"model.layers.{mtp}.enorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     tensors[f"model.layers.{mtp}.hnorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     tensors[f"model.layers.{mtp}.eh_proj.weight"] = (torch.randn(h, 2 * h, generator=gen) * 0.02).bfloat16()
     tensors[f"model.layers.{mtp}.shared_head.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-    tensors[f"model.layers.{mtp}.shared_head.head.weight"] = (torch.randn(cfg.vocab_size, h, generator=gen) * 0.02).bfloat16()
+    tensors[f"model.layers.{mtp}.shared_head.head.weight"] = (
+        torch.randn(cfg.vocab_size, h, generator=gen) * 0.02
+    ).bfloat16()
     shard = "model-mtp.safetensors"
     save_file(tensors, os.path.join(path, shard), metadata={"format": "pt"})
     for name in tensors:

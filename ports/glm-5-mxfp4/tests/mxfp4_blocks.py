@@ -17,10 +17,10 @@ def blocks(seed: int = 0) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     out["zeros"] = torch.zeros(2, 32)
     out["negative zero"] = torch.full((2, 32), -0.0)
-    out["all equal"] = torch.tensor([[0.3] * 32, [-1.7] * 32, [6.0] * 32, [7.0] * 32, [2.0 ** -120] * 32])
+    out["all equal"] = torch.tensor([[0.3] * 32, [-1.7] * 32, [6.0] * 32, [7.0] * 32, [2.0**-120] * 32])
     rows = []
     for k in (-126, -20, -3, 0, 5, 100, 125):
-        s = 2.0 ** k
+        s = 2.0**k
         row = [6 * s] + [t * s for t in TIES] + [-t * s for t in TIES] + [0.0] * 17
         rows.append(row)
         # the same ties with amax just under the EVEN rounding point (1.75 * 4 = 7) and at it
@@ -29,7 +29,7 @@ def blocks(seed: int = 0) -> dict[str, torch.Tensor]:
     out["E2M1 midpoints (ties)"] = torch.tensor(rows)
     rows = []
     for k in (-10, 0, 7):
-        s = 2.0 ** k
+        s = 2.0**k
         rows.append([6 * s] * 4 + [5.0 * s, 3.0 * s] + [0.5 * s] * 26)  # exactly 6 x scale
         rows.append([6.03125 * s, -6.03125 * s] + [1.0 * s] * 30)  # just above: saturates to 6
         rows.append([7.9375 * s] + [6.5 * s] * 31)  # the largest value of the same scale

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from glm5_hpu import buckets
 
 PORT = Path(__file__).resolve().parents[1]

@@ -29,8 +29,13 @@ sys.modules["glm53_gates"] = gates
 _spec.loader.exec_module(gates)
 
 MODEL = "zai-org/GLM-5.3-BF16"
-GSM = [{"question": f"Tom has {i} apples and buys {i + 3} more. How many apples does he have?",
-        "answer": f"He has {i} + {i + 3} = {2 * i + 3} apples.\n#### {2 * i + 3:,}"} for i in range(1, 56)]
+GSM = [
+    {
+        "question": f"Tom has {i} apples and buys {i + 3} more. How many apples does he have?",
+        "answer": f"He has {i} + {i + 3} = {2 * i + 3} apples.\n#### {2 * i + 3:,}",
+    }
+    for i in range(1, 56)
+]
 
 
 class Behaviour:
@@ -96,7 +101,17 @@ def chat_answer(b: Behaviour, body: dict) -> tuple[str, list, int]:
         if choice == "none" or (choice == "auto" and not weather):
             return "Rome was founded, by tradition, in 753 BC.", [], 12
         name = choice["function"]["name"] if isinstance(choice, dict) else ("get_weather" if weather else "web_search")
-        return "", [{"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(b.call_args(name, content, stream, sampled))}}], 10
+        return (
+            "",
+            [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(b.call_args(name, content, stream, sampled))},
+                }
+            ],
+            10,
+        )
     n = int(body.get("max_tokens") or 16)
     b.count(n)
     return " ".join(["word"] * n), [], n
@@ -134,11 +149,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             return self._json({"data": [{"id": MODEL}]})
         if self.path == "/metrics":
-            text = ("# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
-                    f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="{MODEL}"}} {float(b.drafted)}\n'
-                    f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="{MODEL}"}} {float(b.drafted)}\n'
-                    f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="{MODEL}"}} {float(b.accepted)}\n'
-                    f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="0"}} {float(b.accepted)}\n')
+            text = (
+                "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+                f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="{MODEL}"}} {float(b.drafted)}\n'
+                f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="{MODEL}"}} {float(b.drafted)}\n'
+                f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="{MODEL}"}} {float(b.accepted)}\n'
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="0"}} {float(b.accepted)}\n'
+            )
             data = text.encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -162,23 +179,58 @@ class Handler(BaseHTTPRequestHandler):
                 finish = b.decode_finish(i)
                 chunks.append(None if finish is None else {"choices": [{"text": "w", "finish_reason": finish}]})
                 return self._sse(chunks)
-            return self._json({"choices": [{"text": "w " * n, "token_ids": b.greedy(body["prompt"], n), "finish_reason": "length"}]})
+            return self._json(
+                {"choices": [{"text": "w " * n, "token_ids": b.greedy(body["prompt"], n), "finish_reason": "length"}]}
+            )
         if self.path == "/v1/chat/completions":
             content, calls, n = chat_answer(b, body)
             finish = "tool_calls" if calls else ("length" if n == body.get("max_tokens") else "stop")
             if body.get("stream"):
-                chunks = [{"choices": [{"delta": {"content": w}, "finish_reason": None}]} for w in re.findall(r"\S+\s*", content)]
+                chunks = [
+                    {"choices": [{"delta": {"content": w}, "finish_reason": None}]}
+                    for w in re.findall(r"\S+\s*", content)
+                ]
                 for k, c in enumerate(calls):
                     args = c["function"]["arguments"]
-                    chunks.append({"choices": [{"delta": {"tool_calls": [{"index": k, "id": c["id"], "function": {"name": c["function"]["name"], "arguments": args[:5]}}]}}]})
-                    chunks.append({"choices": [{"delta": {"tool_calls": [{"index": k, "function": {"arguments": args[5:]}}]}}]})
+                    chunks.append(
+                        {
+                            "choices": [
+                                {
+                                    "delta": {
+                                        "tool_calls": [
+                                            {
+                                                "index": k,
+                                                "id": c["id"],
+                                                "function": {"name": c["function"]["name"], "arguments": args[:5]},
+                                            }
+                                        ]
+                                    }
+                                }
+                            ]
+                        }
+                    )
+                    chunks.append(
+                        {"choices": [{"delta": {"tool_calls": [{"index": k, "function": {"arguments": args[5:]}}]}}]}
+                    )
                 chunks.append({"choices": [{"delta": {}, "finish_reason": finish}]})
                 return self._sse(chunks)
-            choice = {"message": {"role": "assistant", "content": content, "tool_calls": calls}, "finish_reason": finish}
+            choice = {
+                "message": {"role": "assistant", "content": content, "tool_calls": calls},
+                "finish_reason": finish,
+            }
             if body.get("logprobs"):
                 top = int(body.get("top_logprobs") or 0)
                 lp = b.logprob(request, 0)
-                choice["logprobs"] = {"content": [{"token": "word", "logprob": lp, "top_logprobs": [{"token": "w", "logprob": -1.0 - j} for j in range(top)]} for _ in range(n)]}
+                choice["logprobs"] = {
+                    "content": [
+                        {
+                            "token": "word",
+                            "logprob": lp,
+                            "top_logprobs": [{"token": "w", "logprob": -1.0 - j} for j in range(top)],
+                        }
+                        for _ in range(n)
+                    ]
+                }
             return self._json({"choices": [choice], "usage": {"completion_tokens": n}})
         self._json({"error": "not found"}, 404)
 
@@ -194,9 +246,28 @@ def server():
     srv.server_close()
 
 
-SMALL = ["--needle-prompts", "3", "--needle-min", "200", "--needle-max", "600", "--answer-tokens", "32",
-         "--mtp-tokens", "20", "--logprobs-tokens", "8", "--stress-tokens", "24", "--stress-lengths", "300,500",
-         "--greedy-tokens", "40", "--timeout", "60"]
+SMALL = [
+    "--needle-prompts",
+    "3",
+    "--needle-min",
+    "200",
+    "--needle-max",
+    "600",
+    "--answer-tokens",
+    "32",
+    "--mtp-tokens",
+    "20",
+    "--logprobs-tokens",
+    "8",
+    "--stress-tokens",
+    "24",
+    "--stress-lengths",
+    "300,500",
+    "--greedy-tokens",
+    "40",
+    "--timeout",
+    "60",
+]
 
 
 def run(server, behaviour: Behaviour, *argv, tmp_path=None):
@@ -261,12 +332,21 @@ def test_final_number_extraction():
 def test_tools_32_cases_pass_and_markup_in_one_sampled_required_call_fails(server, tmp_path):
     rc, r = one(server, Behaviour(), "tools", tmp_path)
     assert rc == 0 and r["figures"] == {"right": 32, "of": 32}, [d for d in r["details"] if not d["ok"]]
-    assert {(d["stream"], d["sampled"]) for d in r["details"]} == {(False, False), (False, True), (True, False), (True, True)}
+    assert {(d["stream"], d["sampled"]) for d in r["details"]} == {
+        (False, False),
+        (False, True),
+        (True, False),
+        (True, True),
+    }
 
     class Markup(Behaviour):  # the page's known issue: a query ending with the model's own markup
         def call_args(self, name, prompt, stream, sampled):
             args = super().call_args(name, prompt, stream, sampled)
-            return {"query": args["query"] + "</arg_val>"} if name == "web_search" and sampled and not stream and "Rome" in prompt else args
+            return (
+                {"query": args["query"] + "</arg_val>"}
+                if name == "web_search" and sampled and not stream and "Rome" in prompt
+                else args
+            )
 
     rc, r = one(server, Markup(), "tools", tmp_path)
     bad = [d for d in r["details"] if not d["ok"]]
@@ -275,12 +355,20 @@ def test_tools_32_cases_pass_and_markup_in_one_sampled_required_call_fails(serve
 
 
 def test_tool_expectations():
-    call = lambda name, args: {"function": {"name": name, "arguments": args}}
-    assert gates.tool_problem(("one", "get_weather"), {"tool_calls": [call("get_weather", '{"city": "Paris"}')]}) is None
-    assert "expected one call" in gates.tool_problem(("one", "get_weather"), {"tool_calls": [call("web_search", '{"query": "x"}')]})
+    def call(name, args):
+        return {"function": {"name": name, "arguments": args}}
+
+    assert (
+        gates.tool_problem(("one", "get_weather"), {"tool_calls": [call("get_weather", '{"city": "Paris"}')]}) is None
+    )
+    assert "expected one call" in gates.tool_problem(
+        ("one", "get_weather"), {"tool_calls": [call("web_search", '{"query": "x"}')]}
+    )
     assert "not JSON" in gates.tool_problem(("calls", None), {"tool_calls": [call("web_search", '{"query": ')]})
     assert "missing" in gates.tool_problem(("calls", None), {"tool_calls": [call("get_weather", "{}")]})
-    assert "where none is allowed" in gates.tool_problem(("none", None), {"tool_calls": [call("get_weather", "{}")], "content": "x"})
+    assert "where none is allowed" in gates.tool_problem(
+        ("none", None), {"tool_calls": [call("get_weather", "{}")], "content": "x"}
+    )
     assert "keys" in gates.tool_problem(("json", None), {"content": '{"city": "Paris"}'})
 
 
@@ -292,7 +380,9 @@ def test_mtp_acceptance_gate_is_0_70_from_the_metrics(server, tmp_path, rate, re
     b = B()
     b.drafted, b.accepted = 1000, 10  # counters before the gate: only the difference counts
     rc, r = one(server, b, "mtp", tmp_path)
-    assert r["result"] == result and r["figures"]["draft_tokens"] == 16 * 20  # 20 tokens: 0.7 x 20 is whole, the gate value exactly
+    assert (
+        r["result"] == result and r["figures"]["draft_tokens"] == 16 * 20
+    )  # 20 tokens: 0.7 x 20 is whole, the gate value exactly
     assert r["figures"]["acceptance"] == pytest.approx(rate, abs=0.01)
 
 
@@ -370,9 +460,13 @@ def test_results_in_the_readme_are_empty_until_measured():
 @pytest.mark.parametrize(("code", "status", "rc"), [(0, "pass", 0), (1, "fail", 1), (2, "not run", 1), (7, "error", 1)])
 def test_mxk_runs_the_kernel_gate_without_a_server_and_maps_its_exit_code(tmp_path, code, status, rc):
     script = tmp_path / "gate.py"
-    script.write_text(f"import sys\nprint('gemv N 8 K 64 T 1: identical')\nprint('mxk gate: {status}')\nsys.exit({code})\n")
+    script.write_text(
+        f"import sys\nprint('gemv N 8 K 64 T 1: identical')\nprint('mxk gate: {status}')\nsys.exit({code})\n"
+    )
     out = tmp_path / "r.json"
-    got = gates.main(["--base-url", "http://127.0.0.1:9", "--only", "mxk", "--mxk-gate", str(script), "--json", str(out)])
+    got = gates.main(
+        ["--base-url", "http://127.0.0.1:9", "--only", "mxk", "--mxk-gate", str(script), "--json", str(out)]
+    )
     (r,) = json.loads(out.read_text())["gates"]
     assert got == rc and r["gate"] == "mxk" and r["result"] == status
     assert r["figures"] == {"exit": code, "summary": f"mxk gate: {status}"} and "identical" in r["details"][0]

@@ -40,13 +40,18 @@ def fixpack(*args, env=None, check=True) -> subprocess.CompletedProcess:
     e = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
     proc = subprocess.run([sys.executable, "-m", "fixpack", *args], capture_output=True, text=True, env=e)
     if check and proc.returncode != 0:
-        raise AssertionError(f"fixpack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise AssertionError(
+            f"fixpack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return proc
 
 
 def snapshot(tree: Path) -> dict[str, str]:
-    return {p.relative_to(tree).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(tree.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        p.relative_to(tree).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(tree.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def replace_file(path: Path, data: bytes) -> None:
@@ -63,7 +68,9 @@ def has_entry_point() -> bool:
 def install(cookbook: Path, tree: Path, *args, env=None, mxk="0") -> subprocess.CompletedProcess:
     e = dict(os.environ, COOKBOOK=str(cookbook), PYTHON=sys.executable, GLM_MXK=mxk, GLM_MXK_PREFILL=mxk, **(env or {}))
     e.pop("PYTHONPATH", None)
-    return subprocess.run(["bash", str(INSTALL), "--root", str(tree), *args], capture_output=True, text=True, env=e, timeout=900)
+    return subprocess.run(
+        ["bash", str(INSTALL), "--root", str(tree), *args], capture_output=True, text=True, env=e, timeout=900
+    )
 
 
 def plugin_args() -> list[str]:
@@ -105,7 +112,9 @@ def test_the_committed_pack_refuses_a_tree_it_pins_only_on_the_development_base(
     before = snapshot(tree)
     proc = install(REPO, tree, "--no-plugin")
     assert proc.returncode not in (0, 1), proc.stdout[-2000:]
-    assert "pins it only on its development base" in proc.stderr and "nothing was changed" in proc.stderr, proc.stderr[-2000:]
+    assert "pins it only on its development base" in proc.stderr and "nothing was changed" in proc.stderr, proc.stderr[
+        -2000:
+    ]
     assert snapshot(tree) == before and not (tree / ".fixpack").exists()
 
 
@@ -132,11 +141,18 @@ def test_installs_on_the_pinned_release_and_a_second_run_changes_nothing(pinned,
     again = install(pack, tree, *plugin_args(), env=env)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "already applied" in again.stdout
-    code = lambda snap: {k: v for k, v in snap.items() if k.split("/", 1)[0] in ("vllm", "vllm_gaudi", "glm5_hpu", "glm5_mxfp4")}
+
+    def code(snap):
+        return {k: v for k, v in snap.items() if k.split("/", 1)[0] in ("vllm", "vllm_gaudi", "glm5_hpu", "glm5_mxfp4")}
+
     assert code(snapshot(tree)) == code(after)
 
 
-@pytest.mark.parametrize("rel", ["vllm_gaudi/ops/hpu_mxfp4.py", "vllm/v1/executor/multiproc_executor.py"], ids=["port-target", "profile-target"])
+@pytest.mark.parametrize(
+    "rel",
+    ["vllm_gaudi/ops/hpu_mxfp4.py", "vllm/v1/executor/multiproc_executor.py"],
+    ids=["port-target", "profile-target"],
+)
 def test_a_tampered_tree_is_refused_and_left_as_it_was(pinned, tree, rel):
     pack, env = pinned
     path = tree / rel
@@ -185,9 +201,22 @@ def test_the_dockerfile_installs_this_port_where_the_recipe_expects_it():
     assert "bash ports/glm-5-mxfp4/install.sh" in text
     for arg in ("GLM_MXK", "GLM_MXK_PREFILL"):
         assert f"ARG {arg}=1" in text and f"{arg}=${{{arg}}}" in text  # as served, unless the build says otherwise
-    ignored = [line for line in (PORT_DIR / "Dockerfile.dockerignore").read_text().splitlines() if line and not line.startswith("#")]
-    needed = ["apply_all.py", "fixes/apply_all.py", "profiles/v0.30.0.yaml", "fixpack/__init__.py", "ports/glm-5-mxfp4/port.yaml",
-              "ports/glm-5-mxfp4/install.sh", "scripts/port-install.sh", "ports/glm-5-mxfp4/glm5_hpu/switches.py", "fixes/vllm-long-prefill-share"]
+    ignored = [
+        line
+        for line in (PORT_DIR / "Dockerfile.dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    needed = [
+        "apply_all.py",
+        "fixes/apply_all.py",
+        "profiles/v0.30.0.yaml",
+        "fixpack/__init__.py",
+        "ports/glm-5-mxfp4/port.yaml",
+        "ports/glm-5-mxfp4/install.sh",
+        "scripts/port-install.sh",
+        "ports/glm-5-mxfp4/glm5_hpu/switches.py",
+        "fixes/vllm-long-prefill-share",
+    ]
     import fnmatch
 
     for rel in needed:

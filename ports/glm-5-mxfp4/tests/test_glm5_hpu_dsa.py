@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from glm5_hpu.dsa import SEED_THRESHOLD, DsaAttention, DsaCache, DsaIndexer, rope_cos_sin, select
 from glm5_hpu.switches import read_switches
 
@@ -28,11 +29,24 @@ ATOL = 2e-6
 def _cfg(index_topk=TOPK, indexer_types=None):
     from transformers import GlmMoeDsaConfig
 
-    cfg = GlmMoeDsaConfig(vocab_size=64, hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
-                          q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16,
-                          v_head_dim=16, index_topk=index_topk, index_head_dim=32, index_n_heads=8,
-                          num_hidden_layers=2, first_k_dense_replace=2, max_position_embeddings=256,
-                          indexer_types=indexer_types or ["full", "full"])
+    cfg = GlmMoeDsaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=16,
+        index_topk=index_topk,
+        index_head_dim=32,
+        index_n_heads=8,
+        num_hidden_layers=2,
+        first_k_dense_replace=2,
+        max_position_embeddings=256,
+        indexer_types=indexer_types or ["full", "full"],
+    )
     cfg._attn_implementation = "eager"
     return cfg
 
@@ -88,7 +102,9 @@ def test_the_indexer_selects_what_transformers_selects():
     with torch.no_grad():
         q_resid = attn.q_a_layernorm(attn.q_a_proj(x))
         want = attn.indexer(x, q_resid, cos_sin, mask[:, 0], pos)  # [B, T, TOPK] int32
-        idx = DsaIndexer(cfg, {k.removeprefix("indexer."): v for k, v in attn.state_dict().items() if k.startswith("indexer.")})
+        idx = DsaIndexer(
+            cfg, {k.removeprefix("indexer."): v for k, v in attn.state_dict().items() if k.startswith("indexer.")}
+        )
         cos, sin = rope_cos_sin(cfg, torch.arange(T), torch.float32)
         for b in range(x.shape[0]):
             scores = idx.scores(x[b], q_resid[b], cos, sin, idx.keys(x[b], cos, sin))
@@ -195,7 +211,9 @@ def test_a_shared_indexer_layer_reuses_the_previous_selection():
         want, _, _ = shared(x, cos_sin, mask, position_ids=pos, prev_topk_indices=topk)
         _, allowed = _ours(full, cfg, x)
         ours = DsaAttention(cfg, shared.state_dict(), 1, sparse=True, threshold=TOPK)
-        got = torch.stack([ours.forward(x[b], torch.arange(T), DsaCache(), prev_allowed=allowed[b])[0] for b in range(2)])
+        got = torch.stack(
+            [ours.forward(x[b], torch.arange(T), DsaCache(), prev_allowed=allowed[b])[0] for b in range(2)]
+        )
         with pytest.raises(ValueError, match="needs the previous full layer's selection"):
             ours.forward(x[0], torch.arange(T), DsaCache())
     assert torch.equal(got, want)
@@ -212,7 +230,12 @@ def test_the_seeds_numbers():
     best = scores[3].topk(2048).indices
     assert bool(allowed[3, best].all())
     assert not bool(allowed[2, SEED_THRESHOLD + 1 :].any())  # never a key the query cannot see
-    assert select(scores, q_pos, 2048, SEED_THRESHOLD, sparse=False).sum(-1).tolist() == [101, SEED_THRESHOLD, SEED_THRESHOLD + 1, t]
+    assert select(scores, q_pos, 2048, SEED_THRESHOLD, sparse=False).sum(-1).tolist() == [
+        101,
+        SEED_THRESHOLD,
+        SEED_THRESHOLD + 1,
+        t,
+    ]
 
 
 def test_positions_must_continue_the_cache():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from glm5_hpu.hpu_launch import hpu_not_built
 from glm5_hpu.router_config import ROUTER_DEFAULTS, fill_router_defaults, is_glm_moe_dsa
 from glm5_hpu.switches import read_switches
@@ -18,8 +19,9 @@ NO_KERNELS = "the MXFP4 MoE kernels are not built"
 
 
 def _problems(env, max_model_len=4096, speculative=True, kernels_missing=NO_KERNELS):
-    return hpu_not_built(read_switches(env), max_model_len=max_model_len, speculative=speculative,
-                         kernels_missing=kernels_missing)
+    return hpu_not_built(
+        read_switches(env), max_model_len=max_model_len, speculative=speculative, kernels_missing=kernels_missing
+    )
 
 
 def test_what_is_built_passes():
@@ -49,9 +51,11 @@ def test_kernel_switches_pass_where_the_kernels_can_run_and_say_why_not_elsewher
     env = {**SERVED, "GLM_MXK": "1", "GLM_MXK_PREFILL": ""}
     assert _problems(env, kernels_missing=None) == []
     problems = _problems(env)
-    assert problems == [f"GLM_MXK=1: {NO_KERNELS}; set GLM_MXK=0 for vllm-gaudi's stock MXFP4 MoE op",
-                        f"GLM_MXK_PREFILL=auto (the kernels on HPU): {NO_KERNELS}; set GLM_MXK_PREFILL=0 for "
-                        "vllm-gaudi's stock MXFP4 MoE op"]
+    assert problems == [
+        f"GLM_MXK=1: {NO_KERNELS}; set GLM_MXK=0 for vllm-gaudi's stock MXFP4 MoE op",
+        f"GLM_MXK_PREFILL=auto (the kernels on HPU): {NO_KERNELS}; set GLM_MXK_PREFILL=0 for "
+        "vllm-gaudi's stock MXFP4 MoE op",
+    ]
 
 
 def test_decode_levers_mean_nothing_without_speculation():
@@ -70,11 +74,25 @@ def test_sparse_attention_above_the_threshold_is_refused_not_served_dense():
 
 
 def test_the_seed_launch_values_are_all_reported_at_once():
-    seed = dict(GLM_DSA_SPARSE="1", GLM_MXK="1", GLM_MXK_PREFILL="1", GLM_MOE_TP="2",
-                GLM_MOE_PLACEMENT="/opt/p.json", GLM_ROUTER_FAST="1", GLM_EARLY_DRAFT="1", GLM_SPEC_DEVICE_REJECT="1")
+    seed = dict(
+        GLM_DSA_SPARSE="1",
+        GLM_MXK="1",
+        GLM_MXK_PREFILL="1",
+        GLM_MOE_TP="2",
+        GLM_MOE_PLACEMENT="/opt/p.json",
+        GLM_ROUTER_FAST="1",
+        GLM_EARLY_DRAFT="1",
+        GLM_SPEC_DEVICE_REJECT="1",
+    )
     problems = _problems(seed, max_model_len=131072)
     assert [p.split("=")[0].split(" ")[0] for p in problems] == [
-        "GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT", "GLM_EARLY_DRAFT"]
+        "GLM_DSA_SPARSE",
+        "GLM_MXK",
+        "GLM_MXK_PREFILL",
+        "GLM_MOE_TP",
+        "GLM_MOE_PLACEMENT",
+        "GLM_EARLY_DRAFT",
+    ]
 
 
 class _Config:
@@ -101,5 +119,13 @@ def test_an_mtp_draft_renamed_by_vllm_is_still_recognised():
 
 def test_switches_record_is_what_the_check_reads():
     fields = {f.name for f in dataclasses.fields(read_switches(SERVED))}
-    assert {"mxk", "mxk_prefill", "moe_tp", "moe_placement", "router_fast", "early_draft", "spec_device_reject",
-            "dsa_sparse"} == fields
+    assert {
+        "mxk",
+        "mxk_prefill",
+        "moe_tp",
+        "moe_placement",
+        "router_fast",
+        "early_draft",
+        "spec_device_reject",
+        "dsa_sparse",
+    } == fields

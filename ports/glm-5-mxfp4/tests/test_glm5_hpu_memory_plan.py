@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import glm_moe_dsa_tiny
 import pytest
+
+import glm_moe_dsa_tiny
 from glm5_hpu import memory_plan as mp
 from glm5_mxfp4 import convert
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 
-import glm_moe_dsa_tiny
 import numpy as np
 import pytest
 import torch
+
+import glm_moe_dsa_tiny
 from glm5_hpu import moe_mxfp4
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts, dequantize, route
 from glm5_mxfp4 import mxfp4
@@ -25,9 +26,19 @@ from glm5_mxfp4 import mxfp4
 def _cfg(n_group=1, topk_group=1, experts=16, top_k=4, hidden=128, inter=64, impl="eager"):
     from transformers import GlmMoeDsaConfig
 
-    cfg = GlmMoeDsaConfig(hidden_size=hidden, moe_intermediate_size=inter, n_routed_experts=experts,
-                          num_experts_per_tok=top_k, n_group=n_group, topk_group=topk_group, n_shared_experts=1,
-                          routed_scaling_factor=2.5, norm_topk_prob=True, num_hidden_layers=2, first_k_dense_replace=1)
+    cfg = GlmMoeDsaConfig(
+        hidden_size=hidden,
+        moe_intermediate_size=inter,
+        n_routed_experts=experts,
+        num_experts_per_tok=top_k,
+        n_group=n_group,
+        topk_group=topk_group,
+        n_shared_experts=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+    )
     cfg._experts_implementation = impl
     return cfg
 
@@ -47,7 +58,7 @@ def test_decode_is_the_converters_for_every_byte_under_every_scale_code():
     assert torch.equal(torch.isnan(got), nan) and bool(nan[255].all()) and not bool(nan[:255].any())
     assert torch.equal(_bits(got)[~nan], _bits(want)[~nan])
     # code 0 is 2**-127 (not 0), as the converter reads it: byte 0x11 -> 0.5 * 2**-127 twice
-    assert got[0, 2 * 0x11].item() == 2.0 ** -128
+    assert got[0, 2 * 0x11].item() == 2.0**-128
     # mixed scales per block, several leading axes, and the bf16 output (exact for real weights)
     rng = np.random.default_rng(0)
     p = rng.integers(0, 256, (3, 5, 64), dtype=np.uint8)
@@ -84,7 +95,10 @@ def _reference_moe(cfg, dtype, seed=0, bias_scale=0.05):
 def _converted(moe, prefix="model.layers.1.mlp"):
     """The converter's keys for this layer: routed experts quantized by its kernel (even mode),
     everything else as stored; and the reference module given the same dequantized experts."""
-    out = {f"{prefix}.gate.weight": moe.gate.weight.data, f"{prefix}.gate.e_score_correction_bias": moe.gate.e_score_correction_bias.data}
+    out = {
+        f"{prefix}.gate.weight": moe.gate.weight.data,
+        f"{prefix}.gate.e_score_correction_bias": moe.gate.e_score_correction_bias.data,
+    }
     for p in ("gate_proj", "up_proj", "down_proj"):
         out[f"{prefix}.shared_experts.{p}.weight"] = getattr(moe.shared_experts, p).weight.data
     gu, dn = moe.experts.gate_up_proj.data, moe.experts.down_proj.data
@@ -98,9 +112,13 @@ def _converted(moe, prefix="model.layers.1.mlp"):
         for e in range(gu.shape[0]):
             for name, rows in (("gate_proj", slice(0, inter)), ("up_proj", slice(inter, None))):
                 k = f"{prefix}.experts.{e}.{name}"
-                gu[e, rows] = torch.from_numpy(mxfp4.dequantize(out[k + ".weight"].numpy(), out[k + ".weight_scale"].numpy())).to(gu.dtype)
+                gu[e, rows] = torch.from_numpy(
+                    mxfp4.dequantize(out[k + ".weight"].numpy(), out[k + ".weight_scale"].numpy())
+                ).to(gu.dtype)
             k = f"{prefix}.experts.{e}.down_proj"
-            dn[e] = torch.from_numpy(mxfp4.dequantize(out[k + ".weight"].numpy(), out[k + ".weight_scale"].numpy())).to(dn.dtype)
+            dn[e] = torch.from_numpy(mxfp4.dequantize(out[k + ".weight"].numpy(), out[k + ".weight_scale"].numpy())).to(
+                dn.dtype
+            )
     return out
 
 
@@ -110,13 +128,28 @@ def test_routing_is_transformers(groups):
     moe = _reference_moe(cfg, torch.bfloat16)
     x = torch.randn(37, cfg.hidden_size).bfloat16()
     _, want_w, want_ids = moe.gate(x)
-    w, ids = route(x, moe.gate.weight, moe.gate.e_score_correction_bias, top_k=cfg.num_experts_per_tok,
-                   n_group=cfg.n_group, topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob,
-                   routed_scaling_factor=cfg.routed_scaling_factor)
+    w, ids = route(
+        x,
+        moe.gate.weight,
+        moe.gate.e_score_correction_bias,
+        top_k=cfg.num_experts_per_tok,
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        norm_topk_prob=cfg.norm_topk_prob,
+        routed_scaling_factor=cfg.routed_scaling_factor,
+    )
     assert torch.equal(ids, want_ids) and torch.equal(w, want_w) and w.dtype == torch.float32
     # the bias chose: without it the selection differs, yet the weights are unbiased scores
-    w0, ids0 = route(x, moe.gate.weight, torch.zeros_like(moe.gate.e_score_correction_bias), top_k=cfg.num_experts_per_tok,
-                     n_group=cfg.n_group, topk_group=cfg.topk_group, norm_topk_prob=False, routed_scaling_factor=1.0)
+    w0, ids0 = route(
+        x,
+        moe.gate.weight,
+        torch.zeros_like(moe.gate.e_score_correction_bias),
+        top_k=cfg.num_experts_per_tok,
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+    )
     assert not torch.equal(ids0.sort(-1).values, ids.sort(-1).values)
     scores = torch.sigmoid(x.float() @ moe.gate.weight.float().t())
     assert torch.equal(w0, scores.gather(1, ids0))
@@ -162,12 +195,17 @@ def test_experts_are_decoded_on_the_fly_only_when_a_token_reaches_them(monkeypat
     ours = GlmMoeMxfp4.from_checkpoint(cfg, _converted(moe), layer=1)
     decoded = []
     real = moe_mxfp4.dequantize
-    monkeypatch.setattr(moe_mxfp4, "dequantize", lambda p, s, d=torch.float32: decoded.append(tuple(p.shape)) or real(p, s, d))
+    monkeypatch.setattr(
+        moe_mxfp4, "dequantize", lambda p, s, d=torch.float32: decoded.append(tuple(p.shape)) or real(p, s, d)
+    )
     x = torch.randn(1, cfg.hidden_size).bfloat16()
     ours(x)
     # one token: top_k experts, each decoded once (w13 and w2), one expert at a time
     assert len(decoded) == 2 * cfg.num_experts_per_tok
-    assert set(decoded) == {(2 * cfg.moe_intermediate_size, cfg.hidden_size // 2), (cfg.hidden_size, cfg.moe_intermediate_size // 2)}
+    assert set(decoded) == {
+        (2 * cfg.moe_intermediate_size, cfg.hidden_size // 2),
+        (cfg.hidden_size, cfg.moe_intermediate_size // 2),
+    }
 
 
 def test_an_expert_group_holds_only_its_experts_and_the_groups_sum_to_the_layer():
@@ -177,40 +215,69 @@ def test_an_expert_group_holds_only_its_experts_and_the_groups_sum_to_the_layer(
     moe = _reference_moe(cfg, torch.float32)
     ckpt = _converted(moe)
     x = torch.randn(40, cfg.hidden_size)
-    w, ids = route(x, moe.gate.weight, moe.gate.e_score_correction_bias, top_k=4, n_group=1, topk_group=1,
-                   norm_topk_prob=True, routed_scaling_factor=2.5)
+    w, ids = route(
+        x,
+        moe.gate.weight,
+        moe.gate.e_score_correction_bias,
+        top_k=4,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    )
     whole = MxfpExperts.from_checkpoint(ckpt, "model.layers.1.mlp", range(16)).forward(x, ids, w)
-    parts = [MxfpExperts.from_checkpoint({k: v for k, v in ckpt.items() if ".experts." not in k or int(k.split(".experts.")[1].split(".")[0]) in g},
-                                         "model.layers.1.mlp", g).forward(x, ids, w) for g in (range(0, 8), range(8, 16))]
+    parts = [
+        MxfpExperts.from_checkpoint(
+            {k: v for k, v in ckpt.items() if ".experts." not in k or int(k.split(".experts.")[1].split(".")[0]) in g},
+            "model.layers.1.mlp",
+            g,
+        ).forward(x, ids, w)
+        for g in (range(0, 8), range(8, 16))
+    ]
     assert torch.allclose(parts[0] + parts[1], whole, rtol=0, atol=1e-6)
-    assert not torch.equal(parts[0], torch.zeros_like(parts[0])) and not torch.equal(parts[1], torch.zeros_like(parts[1]))
+    assert not torch.equal(parts[0], torch.zeros_like(parts[0])) and not torch.equal(
+        parts[1], torch.zeros_like(parts[1])
+    )
 
 
 def test_bad_checkpoints_name_the_key_and_the_expert():
     cfg = _cfg()
     ckpt = _converted(_reference_moe(cfg, torch.bfloat16))
     del ckpt["model.layers.1.mlp.experts.5.up_proj.weight_scale"]
-    with pytest.raises(KeyError, match=r"model.layers.1.mlp.experts.5.up_proj.weight / .weight_scale: not in the checkpoint \(expert 5\)"):
+    with pytest.raises(
+        KeyError,
+        match=r"model.layers.1.mlp.experts.5.up_proj.weight / .weight_scale: not in the checkpoint \(expert 5\)",
+    ):
         GlmMoeMxfp4.from_checkpoint(cfg, ckpt, layer=1)
     ckpt = _converted(_reference_moe(cfg, torch.bfloat16))
-    ckpt["model.layers.1.mlp.experts.3.down_proj.weight_scale"] = ckpt["model.layers.1.mlp.experts.3.down_proj.weight_scale"][:, :1]
+    ckpt["model.layers.1.mlp.experts.3.down_proj.weight_scale"] = ckpt[
+        "model.layers.1.mlp.experts.3.down_proj.weight_scale"
+    ][:, :1]
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         GlmMoeMxfp4.from_checkpoint(cfg, ckpt, layer=1)
     ckpt = _converted(_reference_moe(cfg, torch.bfloat16))
-    ckpt["model.layers.1.mlp.gate.e_score_correction_bias"] = ckpt["model.layers.1.mlp.gate.e_score_correction_bias"].bfloat16()
+    ckpt["model.layers.1.mlp.gate.e_score_correction_bias"] = ckpt[
+        "model.layers.1.mlp.gate.e_score_correction_bias"
+    ].bfloat16()
     with pytest.raises(TypeError, match="e_score_correction_bias is torch.bfloat16; the release keeps it in float32"):
         GlmMoeMxfp4.from_checkpoint(cfg, ckpt, layer=1)
     with pytest.raises(ValueError, match=r"w13: torch.float32 \(2, 128, 64\), expected uint8 \(2, 128, 64\)"):
-        MxfpExperts([0, 1], torch.zeros(2, 128, 64), torch.zeros(2, 128, 4, dtype=torch.uint8),
-                    torch.zeros(2, 128, 32, dtype=torch.uint8), torch.zeros(2, 128, 2, dtype=torch.uint8))
+        MxfpExperts(
+            [0, 1],
+            torch.zeros(2, 128, 64),
+            torch.zeros(2, 128, 4, dtype=torch.uint8),
+            torch.zeros(2, 128, 32, dtype=torch.uint8),
+            torch.zeros(2, 128, 2, dtype=torch.uint8),
+        )
 
 
 def test_from_a_real_conversion(tmp_path):
     """The converter's command on a tiny checkpoint; layer 1's MoE read from its output files
     equals transformers' MoE of the model whose experts hold the converter's dequantization."""
-    from glm5_mxfp4 import convert
     from safetensors import safe_open
     from transformers import GlmMoeDsaForCausalLM
+
+    from glm5_mxfp4 import convert
 
     src = glm_moe_dsa_tiny.make(str(tmp_path / "src"))
     dst = tmp_path / "dst"
@@ -237,4 +304,6 @@ def test_from_a_real_conversion(tmp_path):
     # the decoded experts are the converter's dequantization of its own output
     k = "model.layers.1.mlp.experts.2.down_proj"
     want = mxfp4.dequantize(get(k + ".weight").numpy(), get(k + ".weight_scale").numpy())
-    assert torch.equal(MxfpExperts.from_checkpoint(get, "model.layers.1.mlp", [2]).weights(2, torch.float32)[1], torch.from_numpy(want))
+    assert torch.equal(
+        MxfpExperts.from_checkpoint(get, "model.layers.1.mlp", [2]).weights(2, torch.float32)[1], torch.from_numpy(want)
+    )

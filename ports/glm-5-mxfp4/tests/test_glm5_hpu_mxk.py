@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
 from glm5_hpu import moe_mxfp4, mxk
 from glm5_hpu.moe_mxfp4 import MxfpExperts
 from glm5_mxfp4 import mxfp4

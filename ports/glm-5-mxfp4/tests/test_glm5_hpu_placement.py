@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+
 from glm5_hpu import placement
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts, route
 from glm5_hpu.placement import FORMAT, PlacementError
@@ -31,8 +32,11 @@ def _write(tmp_path, body, name="placement.json"):
 
 def _valid(n=16, layers=(1, 2, 4), seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"format": FORMAT, "n_routed_experts": n,
-            "layers": {str(layer): torch.randperm(n, generator=g).tolist() for layer in layers}}
+    return {
+        "format": FORMAT,
+        "n_routed_experts": n,
+        "layers": {str(layer): torch.randperm(n, generator=g).tolist() for layer in layers},
+    }
 
 
 def test_moe_layers_are_the_sparse_layers_and_the_mtp_layer():
@@ -66,11 +70,15 @@ def _set(layer, slot=None, value=None, order=None):
             body["layers"][layer] = order
         else:
             body["layers"][layer][slot] = value
+
     return change
 
 
 CASES = {
-    "duplicate": (lambda b: b["layers"]["2"].__setitem__(5, b["layers"]["2"][9]), r"layer 2: expert (\d+) appears twice \(slots \d+ and \d+\)"),
+    "duplicate": (
+        lambda b: b["layers"]["2"].__setitem__(5, b["layers"]["2"][9]),
+        r"layer 2: expert (\d+) appears twice \(slots \d+ and \d+\)",
+    ),
     "out of range": (_set("1", 3, 16), r"layer 1: slot 3: expert 16 is out of range 0..15"),
     "negative": (_set("1", 0, -1), r"layer 1: slot 0: expert -1 is out of range 0..15"),
     "not an id": (_set("4", 7, "3"), r"layer 4: slot 7: '3' is not an expert id"),
@@ -79,8 +87,14 @@ CASES = {
     "not a list": (_set("1", order={"0": 1}), r"layer 1: the expert order must be a list of 16 expert ids"),
     "dense layer": (_set("0", order=list(range(16))), r"layer 0: a dense layer \(MoE layers: 1..4\)"),
     "no such layer": (_set("9", order=list(range(16))), r"layer 9: not a layer of this model \(MoE layers: 1..4\)"),
-    "bad layer id": (_set("01", order=list(range(16))), r"layer '01': a layer id is a decimal number without leading zeros"),
-    "expert count": (lambda b: b.update(n_routed_experts=256), r"n_routed_experts is 256; the model has 16 routed experts"),
+    "bad layer id": (
+        _set("01", order=list(range(16))),
+        r"layer '01': a layer id is a decimal number without leading zeros",
+    ),
+    "expert count": (
+        lambda b: b.update(n_routed_experts=256),
+        r"n_routed_experts is 256; the model has 16 routed experts",
+    ),
     "format": (lambda b: b.update(format="other/1"), r"format is 'other/1', expected 'glm5-moe-placement/1'"),
     "unknown key": (lambda b: b.update(layer={}), r"unknown key\(s\) layer"),
 }
@@ -140,8 +154,16 @@ def test_eight_cards_at_glm_moe_tp_2_hold_a_quarter_of_the_experts_each_half_wid
     ckpt = _converted(moe)
     p = placement.load(_write(tmp_path, _valid(16, layers=(1,), seed=5)), cfg)
     x = torch.randn(40, cfg.hidden_size)
-    w, ids = route(x, moe.gate.weight.detach(), moe.gate.e_score_correction_bias, top_k=4, n_group=1, topk_group=1,
-                   norm_topk_prob=True, routed_scaling_factor=2.5)
+    w, ids = route(
+        x,
+        moe.gate.weight.detach(),
+        moe.gate.e_score_correction_bias,
+        top_k=4,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    )
     prefix = "model.layers.1.mlp"
     whole = MxfpExperts.from_checkpoint(ckpt, prefix, range(16)).forward(x, ids, w)
     total, held = torch.zeros_like(whole), []
@@ -156,5 +178,8 @@ def test_eight_cards_at_glm_moe_tp_2_hold_a_quarter_of_the_experts_each_half_wid
     assert float((total - whole).abs().max()) <= 1e-6 * float(whole.abs().max())
     with pytest.raises(PlacementError, match=r"GLM_MOE_TP=3 does not divide the 8 cards"):
         placement.expert_group(0, 8, 3)
-    with pytest.raises(ValueError, match=r"experts.0: intermediate size 64 does not split into 4 parts of whole 32-blocks \(GLM_MOE_TP=4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"experts.0: intermediate size 64 does not split into 4 parts of whole 32-blocks \(GLM_MOE_TP=4\)",
+    ):
         MxfpExperts.from_checkpoint(ckpt, prefix, [0], tp=(0, 4))

@@ -22,9 +22,10 @@ import re
 import shutil
 from pathlib import Path
 
-import glm_moe_dsa_tiny
 import pytest
 import torch
+
+import glm_moe_dsa_tiny
 from glm5_hpu import placement, placement_fit
 from glm5_hpu.placement_fit import Checkpoint, FitError, collect, fit, group_loads, main
 
@@ -170,7 +171,9 @@ def _dequantized(dst, layers):
     with torch.no_grad():
         for layer, experts in layers.items():
             for e in range(experts.num_experts):
-                w13, w2 = MxfpExperts.from_checkpoint(ckpt.tensor, f"model.layers.{layer}.mlp", [e]).weights(e, torch.float32)
+                w13, w2 = MxfpExperts.from_checkpoint(ckpt.tensor, f"model.layers.{layer}.mlp", [e]).weights(
+                    e, torch.float32
+                )
                 experts.gate_up_proj[e] = w13
                 experts.down_proj[e] = w2
 
@@ -178,7 +181,9 @@ def _dequantized(dst, layers):
 def _counting(gate, counts, layer, n_experts):
     def hook(module, args, out):
         counts[layer] = counts.get(layer, torch.zeros(n_experts, dtype=torch.int64)) + torch.bincount(
-            out[2].flatten(), minlength=n_experts)
+            out[2].flatten(), minlength=n_experts
+        )
+
     return gate.register_forward_hook(hook)
 
 
@@ -189,7 +194,10 @@ def test_every_moe_layer_counts_tokens_times_top_k(tiny):
     assert sorted(routing.counts) == placement.moe_layers(cfg) == [1, 2, 3]  # 3: the MTP layer
     assert routing.tokens == {1: sum(PROMPTS), 2: sum(PROMPTS), 3: sum(n - 1 for n in PROMPTS)}
     for layer, counts in routing.counts.items():
-        assert len(counts) == 8 and sum(counts) == routing.tokens[layer] * cfg.num_experts_per_tok == routing.tokens[layer] * 2
+        assert (
+            len(counts) == 8
+            and sum(counts) == routing.tokens[layer] * cfg.num_experts_per_tok == routing.tokens[layer] * 2
+        )
 
 
 def _reference(src, dst):
@@ -252,8 +260,15 @@ def test_the_mtp_layer_is_fed_as_vllms_deepseek_mtp_feeds_it(tiny):
 
     data = json.loads((dst / "config.json").read_text())
     data.pop("quantization_config")
-    cfg = GlmMoeDsaConfig.from_dict({**data, "num_hidden_layers": 4, "mlp_layer_types": ["dense"] + ["sparse"] * 3,
-                                     "indexer_types": ["full"] * 4, "layer_types": ["indexed_attention"] * 4})
+    cfg = GlmMoeDsaConfig.from_dict(
+        {
+            **data,
+            "num_hidden_layers": 4,
+            "mlp_layer_types": ["dense"] + ["sparse"] * 3,
+            "indexer_types": ["full"] * 4,
+            "layer_types": ["indexed_attention"] * 4,
+        }
+    )
     cfg._attn_implementation, cfg._experts_implementation = "eager", "eager"
     mtp = GlmMoeDsaDecoderLayer(cfg, 3).eval()
     mtp.self_attn.indexer.index_topk = cfg.max_position_embeddings  # dense, as _reference
@@ -264,7 +279,9 @@ def test_the_mtp_layer_is_fed_as_vllms_deepseek_mtp_feeds_it(tiny):
         with safe_open(f"{src}/{index[key]}", "pt") as f:
             return f.get_tensor(key).float()
 
-    state = {k[len("model.layers.3."):]: get(k) for k in index if k.startswith("model.layers.3.") and ".experts." not in k}
+    state = {
+        k[len("model.layers.3.") :]: get(k) for k in index if k.startswith("model.layers.3.") and ".experts." not in k
+    }
     norms = {n: GlmMoeDsaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps) for n in ("enorm", "hnorm")}
     for n, m in norms.items():
         m.weight.data = state.pop(f"{n}.weight")
@@ -310,8 +327,24 @@ def test_the_command_writes_a_file_placement_loads_with_before_and_after(tiny, t
     dst = tiny[1]
     prompts = _jsonl(tmp_path / "prompts.jsonl", _prompts())
     out, counts_out = tmp_path / "fitted.json", tmp_path / "counts.json"
-    assert main([str(dst), "--prompts", str(prompts), "--cards", "8", "--moe-tp", "2", "--out", str(out),
-                 "--counts-out", str(counts_out)]) == 0
+    assert (
+        main(
+            [
+                str(dst),
+                "--prompts",
+                str(prompts),
+                "--cards",
+                "8",
+                "--moe-tp",
+                "2",
+                "--out",
+                str(out),
+                "--counts-out",
+                str(counts_out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     print(text)
     cfg = Checkpoint(dst).config
@@ -340,8 +373,20 @@ def test_the_command_writes_a_file_placement_loads_with_before_and_after(tiny, t
 
 def test_glm_moe_tp_from_the_environment_sets_the_groups(tiny, tmp_path, capsys, monkeypatch, clean_env):
     counts = tmp_path / "counts.json"
-    assert main([str(tiny[1]), "--prompts", str(_jsonl(tmp_path / "p.jsonl", _prompts()[:2])), "--out",
-                 str(tmp_path / "a.json"), "--counts-out", str(counts)]) == 0
+    assert (
+        main(
+            [
+                str(tiny[1]),
+                "--prompts",
+                str(_jsonl(tmp_path / "p.jsonl", _prompts()[:2])),
+                "--out",
+                str(tmp_path / "a.json"),
+                "--counts-out",
+                str(counts),
+            ]
+        )
+        == 0
+    )
     assert "8 expert groups (8 cards, GLM_MOE_TP=1) of 1 experts" in capsys.readouterr().out
     monkeypatch.setenv("GLM_MOE_TP", "2")
     assert main([str(tiny[1]), "--counts", str(counts), "--out", str(tmp_path / "b.json")]) == 0
@@ -359,9 +404,34 @@ def test_text_prompts_go_through_the_checkpoints_tokenizer(tiny, tmp_path, capsy
     tok.save(str(dst / "tokenizer.json"))
     ids = _prompts()[:3]
     texts = _jsonl(tmp_path / "t.jsonl", [" ".join(f"w{i}" for i in p) for p in ids])
-    assert main([str(dst), "--prompts", str(texts), "--out", str(tmp_path / "t.json"), "--counts-out", str(tmp_path / "tc.json")]) == 0
-    assert main([str(dst), "--prompts", str(_jsonl(tmp_path / "i.jsonl", ids)), "--out", str(tmp_path / "i.json"),
-                 "--counts-out", str(tmp_path / "ic.json")]) == 0
+    assert (
+        main(
+            [
+                str(dst),
+                "--prompts",
+                str(texts),
+                "--out",
+                str(tmp_path / "t.json"),
+                "--counts-out",
+                str(tmp_path / "tc.json"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                str(dst),
+                "--prompts",
+                str(_jsonl(tmp_path / "i.jsonl", ids)),
+                "--out",
+                str(tmp_path / "i.json"),
+                "--counts-out",
+                str(tmp_path / "ic.json"),
+            ]
+        )
+        == 0
+    )
     a, b = (json.loads((tmp_path / n).read_text())["layers"] for n in ("tc.json", "ic.json"))
     assert a == b
 
@@ -379,28 +449,64 @@ def _bad(tiny, tmp_path):
     llama.mkdir()
     (llama / "config.json").write_text('{"model_type": "llama"}')
     out = ["--out", str(tmp_path / "o.json")]
-    lines = {"not json": "[1, 2", "a dict": '{"ids": [1]}', "out of range": "[1, 256]", "empty": "[]", "not ids": '[1, "2"]',
-             "too long": json.dumps([1] * 129)}
+    lines = {
+        "not json": "[1, 2",
+        "a dict": '{"ids": [1]}',
+        "out of range": "[1, 256]",
+        "empty": "[]",
+        "not ids": '[1, "2"]',
+        "too long": json.dumps([1] * 129),
+    }
     cases = {
         "no checkpoint": ([str(tmp_path / "nope"), "--prompts", str(good)] + out, r"nope: not a checkpoint folder"),
-        "not glm_moe_dsa": ([str(llama), "--prompts", str(good)] + out, r"llama/config.json: model_type 'llama', expected 'glm_moe_dsa'"),
-        "not converted": ([str(bf16), "--prompts", str(good)] + out, r"bf16/config.json: not a checkpoint the glm5_mxfp4 converter wrote"),
-        "missing shard": ([str(noshard), "--prompts", str(good)] + out,
-                          r"noshard/model-00002-of-00005.safetensors: named by model.safetensors.index.json, does not exist"),
-        "no prompt file": ([str(dst), "--prompts", str(tmp_path / "none.jsonl")] + out,
-                           r"none.jsonl: cannot read the prompt file: No such file or directory"),
-        "no sequences": ([str(dst), "--prompts", str(_jsonl(tmp_path / "blank.jsonl", []))] + out, r"blank.jsonl: no sequences"),
-        "groups": ([str(dst), "--prompts", str(good), "--groups", "3"] + out, r"8 experts do not split into 3 equal expert groups"),
-        "moe tp": ([str(dst), "--prompts", str(good), "--moe-tp", "3"] + out, r"GLM_MOE_TP=3 does not divide the 8 cards"),
-        "counts file": ([str(dst), "--counts", str(good)] + out, r"good.jsonl: format is None, expected 'glm5-moe-routing/1'"),
+        "not glm_moe_dsa": (
+            [str(llama), "--prompts", str(good)] + out,
+            r"llama/config.json: model_type 'llama', expected 'glm_moe_dsa'",
+        ),
+        "not converted": (
+            [str(bf16), "--prompts", str(good)] + out,
+            r"bf16/config.json: not a checkpoint the glm5_mxfp4 converter wrote",
+        ),
+        "missing shard": (
+            [str(noshard), "--prompts", str(good)] + out,
+            r"noshard/model-00002-of-00005.safetensors: named by model.safetensors.index.json, does not exist",
+        ),
+        "no prompt file": (
+            [str(dst), "--prompts", str(tmp_path / "none.jsonl")] + out,
+            r"none.jsonl: cannot read the prompt file: No such file or directory",
+        ),
+        "no sequences": (
+            [str(dst), "--prompts", str(_jsonl(tmp_path / "blank.jsonl", []))] + out,
+            r"blank.jsonl: no sequences",
+        ),
+        "groups": (
+            [str(dst), "--prompts", str(good), "--groups", "3"] + out,
+            r"8 experts do not split into 3 equal expert groups",
+        ),
+        "moe tp": (
+            [str(dst), "--prompts", str(good), "--moe-tp", "3"] + out,
+            r"GLM_MOE_TP=3 does not divide the 8 cards",
+        ),
+        "counts file": (
+            [str(dst), "--counts", str(good)] + out,
+            r"good.jsonl: format is None, expected 'glm5-moe-routing/1'",
+        ),
     }
-    messages = {"not json": "not a JSON line", "a dict": "a line is a list of token ids or a string, not dict",
-                "out of range": r"token 256 is out of range 0..255", "empty": "an empty sequence",
-                "not ids": r"item 1: '2' is not a token id", "too long": "129 tokens, above max_position_embeddings 128"}
+    messages = {
+        "not json": "not a JSON line",
+        "a dict": "a line is a list of token ids or a string, not dict",
+        "out of range": r"token 256 is out of range 0..255",
+        "empty": "an empty sequence",
+        "not ids": r"item 1: '2' is not a token id",
+        "too long": "129 tokens, above max_position_embeddings 128",
+    }
     for name, line in lines.items():
         path = tmp_path / f"{name.replace(' ', '_')}.jsonl"
         path.write_text("[4, 5]\n" + line + "\n")
-        cases[f"line: {name}"] = ([str(dst), "--prompts", str(path)] + out, re.escape(str(path)) + ":2: " + messages[name])
+        cases[f"line: {name}"] = (
+            [str(dst), "--prompts", str(path)] + out,
+            re.escape(str(path)) + ":2: " + messages[name],
+        )
     return cases
 
 
@@ -414,13 +520,20 @@ def test_bad_input_is_refused_naming_the_file_exit_2(tiny, tmp_path, capsys, cle
 
 def test_bad_counts_are_refused(tiny, tmp_path, capsys, clean_env):
     cfg = Checkpoint(tiny[1]).config
-    good = {"format": "glm5-moe-routing/1", "n_routed_experts": 8, "top_k": 2,
-            "layers": {"1": {"tokens": 2, "counts": [1, 1, 1, 1, 0, 0, 0, 0]}}}
+    good = {
+        "format": "glm5-moe-routing/1",
+        "n_routed_experts": 8,
+        "top_k": 2,
+        "layers": {"1": {"tokens": 2, "counts": [1, 1, 1, 1, 0, 0, 0, 0]}},
+    }
     assert placement_fit.load_routing(_jsonl(tmp_path / "ok.json", [good]), cfg).counts == {1: [1, 1, 1, 1, 0, 0, 0, 0]}
     bad = {
         "dense layer": ({"0": good["layers"]["1"]}, r"layer 0: not a MoE layer of this model \(MoE layers: 1..3\)"),
         "short": ({"1": {"tokens": 2, "counts": [1, 1, 1, 1]}}, r"layer 1: counts must be 8 non-negative integers"),
-        "sum": ({"1": {"tokens": 3, "counts": [1, 1, 1, 1, 0, 0, 0, 0]}}, r"layer 1: the counts add up to 4, not tokens x top_k = 3 x 2"),
+        "sum": (
+            {"1": {"tokens": 3, "counts": [1, 1, 1, 1, 0, 0, 0, 0]}},
+            r"layer 1: the counts add up to 4, not tokens x top_k = 3 x 2",
+        ),
     }
     for name, (layers, pattern) in bad.items():
         path = _jsonl(tmp_path / "bad.json", [{**good, "layers": layers}])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+
 from glm5_hpu.spec_device import greedy_rejection
 
 PLACEHOLDER = -1

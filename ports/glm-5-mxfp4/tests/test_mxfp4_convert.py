@@ -10,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import glm_moe_dsa_tiny
 import numpy as np
 import pytest
 import torch
-from glm5_mxfp4 import convert, mxfp4
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+import glm_moe_dsa_tiny
+from glm5_mxfp4 import convert, mxfp4
 
 PORT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -26,8 +27,14 @@ def run_cli(*args, env=None, check=False) -> subprocess.CompletedProcess:
     """The command line as a user runs it: a new process, from the port folder."""
     full_env = dict(os.environ, **(env or {}))
     full_env["PYTHONPATH"] = str(PORT_ROOT)
-    proc = subprocess.run([sys.executable, "-m", "glm5_mxfp4.convert", *map(str, args)], cwd=PORT_ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm5_mxfp4.convert", *map(str, args)],
+        cwd=PORT_ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -256,7 +263,9 @@ def test_logits_through_transformers(src, converted, tmp_path):
         tensors = load_file(str(converted / file))
         for key in [k for k in tensors if k.endswith("_scale")]:
             base = key[: -len("_scale")]
-            tensors[base] = torch.from_numpy(mxfp4.dequantize(tensors[base].numpy(), tensors.pop(key).numpy())).bfloat16()
+            tensors[base] = torch.from_numpy(
+                mxfp4.dequantize(tensors[base].numpy(), tensors.pop(key).numpy())
+            ).bfloat16()
         save_file(tensors, str(back / file), metadata={"format": "pt"})
         new_map.update({k: file for k in tensors})
     (back / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": new_map}))
@@ -283,8 +292,13 @@ def test_keys_shapes_dtypes_are_what_vllm_030_creates(converted):
         pytest.skip(f"vLLM 0.30.0 wheel unavailable: {exc}")
     # vLLM 0.30.0's tree first, then the port folder: `vllm` is 0.30.0 in that process only
     path = os.pathsep.join([str(tree_root), str(PORT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, str(TESTS / "vllm030_check.py"), str(tree_root), str(converted)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=path))
+    proc = subprocess.run(
+        [sys.executable, str(TESTS / "vllm030_check.py"), str(tree_root), str(converted)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=path),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["vllm_file"].startswith(str(tree_root))
@@ -328,9 +342,16 @@ def _fp8_config(s: Path):
 
 
 def _fp8_tensor(s: Path):
-    _rewrite(_shard_of(s, "model.layers.1.self_attn.o_proj.weight"),
-             lambda t: t.update({"model.layers.1.self_attn.o_proj.weight":
-                                 t["model.layers.1.self_attn.o_proj.weight"].to(torch.float8_e4m3fn)}))
+    _rewrite(
+        _shard_of(s, "model.layers.1.self_attn.o_proj.weight"),
+        lambda t: t.update(
+            {
+                "model.layers.1.self_attn.o_proj.weight": t["model.layers.1.self_attn.o_proj.weight"].to(
+                    torch.float8_e4m3fn
+                )
+            }
+        ),
+    )
 
 
 def _model_type(s: Path):
@@ -352,6 +373,7 @@ def _entry_not_in_shard(s: Path):
 def _non_finite(s: Path):
     def put(t):
         t[EXPERT][17, 40] = float("nan")
+
     _rewrite(_shard_of(s, EXPERT), put)
 
 
@@ -462,8 +484,15 @@ def test_scheduler_tasks_as_separate_processes(src, converted, tmp_path):
             else:
                 args = [src, dst, "--task-index", "auto", "--task-count", "3", "--quiet"]
             full = dict(os.environ, **extra, PYTHONPATH=str(PORT_ROOT))
-            procs.append(subprocess.Popen([sys.executable, "-m", "glm5_mxfp4.convert", *map(str, args)],
-                                          cwd=PORT_ROOT, env=full, stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "glm5_mxfp4.convert", *map(str, args)],
+                    cwd=PORT_ROOT,
+                    env=full,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err

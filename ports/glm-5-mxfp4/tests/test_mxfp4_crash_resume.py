@@ -10,8 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import glm_moe_dsa_tiny
 import pytest
+
+import glm_moe_dsa_tiny
 from test_mxfp4_convert import PORT_ROOT, main, tree
 
 
@@ -39,12 +40,25 @@ def test_kill_at_every_write_point_then_resume(small, tmp_path):
     labels = [line.split("\t", 1)[1] for line in log.read_text().splitlines()]
     expected = tree(ref)
     kinds = {label.split(": ", 1)[-1] for label in labels}
-    assert {"output opened", "first tensor written", "data written, before fsync", "output fsynced, before rename",
-            "output renamed, before record", "written, before rename", "renamed", "written, before link"} <= kinds
+    assert {
+        "output opened",
+        "first tensor written",
+        "data written, before fsync",
+        "output fsynced, before rename",
+        "output renamed, before record",
+        "written, before rename",
+        "renamed",
+        "written, before link",
+    } <= kinds
     assert len(labels) >= 30
     # the killed runs: one process per write point, forked from a runner, each into its own folder
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("crash_runner.py")), str(small), str(tmp_path),
-                           str(len(labels))], env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("crash_runner.py")), str(small), str(tmp_path), str(len(labels))],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in results:

@@ -3,10 +3,11 @@ torchao, transformers 5.23.0 and vLLM 0.30.0 (the last in its own process: see v
 
 from __future__ import annotations
 
-import mxfp4_blocks
 import numpy as np
 import pytest
 import torch
+
+import mxfp4_blocks
 from glm5_mxfp4 import mxfp4
 
 torchao_mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
@@ -87,13 +88,17 @@ def test_dequantize_equals_torchao_and_transformers(mode):
     x = mxfp4_blocks.all_blocks()
     q, s = mxfp4.quantize(x, mode)
     ours = mxfp4.dequantize(q, s)
-    ao = torchao_mx.to_dtype(torch.from_numpy(q), torch.from_numpy(s).view(torch.float8_e8m0fnu),
-                             torch.float4_e2m1fn_x2, 32, torch.float32)
+    ao = torchao_mx.to_dtype(
+        torch.from_numpy(q), torch.from_numpy(s).view(torch.float8_e8m0fnu), torch.float4_e2m1fn_x2, 32, torch.float32
+    )
     np.testing.assert_array_equal(ours, ao.numpy())
     rows, k = x.shape
     # transformers reads gpt-oss blocks [experts, rows, K/32, 16] and returns [experts, K, rows]
-    tf = convert_moe_packed_tensors(torch.from_numpy(q).reshape(1, rows, k // 32, 16),
-                                    torch.from_numpy(s).reshape(1, rows, k // 32), dtype=torch.float32)
+    tf = convert_moe_packed_tensors(
+        torch.from_numpy(q).reshape(1, rows, k // 32, 16),
+        torch.from_numpy(s).reshape(1, rows, k // 32),
+        dtype=torch.float32,
+    )
     np.testing.assert_array_equal(ours, tf[0].transpose(0, 1).numpy())
     # every value is exact in bf16 too (what the converted model is loaded as)
     np.testing.assert_array_equal(torch.from_numpy(ours).bfloat16().float().numpy(), ours)
@@ -196,8 +201,7 @@ def test_scale_code_0_divides_by_2_pow_minus_126_and_decodes_at_half(mode):
     np.testing.assert_array_equal(deq, np.float32([3 * 2.0**-127, 2 * 2.0**-127, 2.0**-127]))  # half of v
 
 
-@pytest.mark.parametrize(("mode", "last_code_0", "first_code_1"),
-                         [("floor", 0x017F, 0x0180), ("even", 0x015F, 0x0160)])
+@pytest.mark.parametrize(("mode", "last_code_0", "first_code_1"), [("floor", 0x017F, 0x0180), ("even", 0x015F, 0x0160)])
 def test_where_scale_code_0_ends(mode, last_code_0, first_code_1):
     blocks = np.zeros((3, 32), dtype=np.uint16)
     blocks[1, 7] = last_code_0
@@ -238,8 +242,14 @@ def test_edges_against_vllm_030_triton_quantizer_in_the_interpreter():
     bits = np.concatenate([TOP[None], TINY[None], ordinary])
     script = Path(__file__).resolve().parent / "vllm030_quantize.py"
     path = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, str(script), str(tree)], input=json.dumps(bits.tolist()),
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=path))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tree)],
+        input=json.dumps(bits.tolist()),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=path),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["file"].startswith(str(tree))

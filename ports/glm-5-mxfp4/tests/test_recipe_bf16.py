@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from glm5_hpu import serving_rules as rules
 
+from glm5_hpu import serving_rules as rules
 from testing.recipes import as_in_image, edited, rendered, seed_page, write_recipe
 
 PORT = Path(__file__).resolve().parents[1]
@@ -104,12 +104,33 @@ def test_check_validates_every_fix_profile_switch_and_rule_and_names_the_missing
     # The placement file is not built (README: "Not built yet"); everything else holds.
     assert errors == {"path ports/glm-5-mxfp4/serving/glm53-ep4-placement.json"}
     assert records["path ports/glm-5-mxfp4/serving/tp8-seqs4-128k.txt"]["result"] == "ok"
-    for item in ["profile v0.30.0", "port glm-5-mxfp4", "fix vllm-long-prefill-share", "fix glm47-streaming-text-markers",
-                 "rule expert-parallel", "rule fsdpa-softmax", "rule gpu-memory", "rule moe-tp", "rule bf16-source", "rule placement"]:
+    for item in [
+        "profile v0.30.0",
+        "port glm-5-mxfp4",
+        "fix vllm-long-prefill-share",
+        "fix glm47-streaming-text-markers",
+        "rule expert-parallel",
+        "rule fsdpa-softmax",
+        "rule gpu-memory",
+        "rule moe-tp",
+        "rule bf16-source",
+        "rule placement",
+    ]:
         assert records[item]["result"] == "ok", records[item]
     switches = {k for k in records if k.startswith("switch ")}
-    assert switches == {f"switch {n}" for n in ["GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT",
-                                                "GLM_ROUTER_FAST", "GLM_EARLY_DRAFT", "GLM_SPEC_DEVICE_REJECT"]}
+    assert switches == {
+        f"switch {n}"
+        for n in [
+            "GLM_DSA_SPARSE",
+            "GLM_MXK",
+            "GLM_MXK_PREFILL",
+            "GLM_MOE_TP",
+            "GLM_MOE_PLACEMENT",
+            "GLM_ROUTER_FAST",
+            "GLM_EARLY_DRAFT",
+            "GLM_SPEC_DEVICE_REJECT",
+        ]
+    }
     assert all(records[s]["result"] == "ok" for s in switches)
 
 
@@ -117,23 +138,37 @@ def test_check_says_why_the_placement_file_is_missing(capsys):
     """Still an error (the launch names the file), with what it is, why it cannot be made here and
     the command that makes it (which its own parser accepts, writing the file the recipe names);
     the bucket file's note names the command that makes it."""
-    from glm5_hpu import placement_fit
-
     from fixpack.main import main
+    from glm5_hpu import placement_fit
 
     rel = "ports/glm-5-mxfp4/serving/glm53-ep4-placement.json"
     detail = _check()[f"path {rel}"]["detail"]
-    command = f"python -m glm5_hpu.placement_fit $CHECKPOINT_DIR --prompts PROMPTS.jsonl --cards 8 --moe-tp 2 --out {rel}"
-    for words in ["which does not exist in", "the GLM_MOE_PLACEMENT file fitted to zai-org/GLM-5.3-BF16",
-                  "needs the real model's routing statistics", "cannot be produced in this repository",
-                  command, "the converted MXFP4 checkpoint", "leave GLM_MOE_PLACEMENT unset"]:
+    command = (
+        f"python -m glm5_hpu.placement_fit $CHECKPOINT_DIR --prompts PROMPTS.jsonl --cards 8 --moe-tp 2 --out {rel}"
+    )
+    for words in [
+        "which does not exist in",
+        "the GLM_MOE_PLACEMENT file fitted to zai-org/GLM-5.3-BF16",
+        "needs the real model's routing statistics",
+        "cannot be produced in this repository",
+        command,
+        "the converted MXFP4 checkpoint",
+        "leave GLM_MOE_PLACEMENT unset",
+    ]:
         assert words in detail, detail
     args = placement_fit.parser().parse_args(command.split()[3:])
-    assert (args.checkpoint, args.prompts, args.cards, args.moe_tp, args.out) == ("$CHECKPOINT_DIR", "PROMPTS.jsonl", 8, 2, rel)
+    assert (args.checkpoint, args.prompts, args.cards, args.moe_tp, args.out) == (
+        "$CHECKPOINT_DIR",
+        "PROMPTS.jsonl",
+        8,
+        2,
+        rel,
+    )
     assert main(["recipe", "check", "--recipe", str(RECIPE), "--pack", str(REPO)]) == 2
     assert "python -m glm5_hpu.placement_fit" in capsys.readouterr().err
     assert "python -m glm5_hpu.buckets --tree VLLM_GAUDI_TREE write" in rules.missing_file_note(
-        "ports/glm-5-mxfp4/serving/tp8-seqs4-128k.txt")
+        "ports/glm-5-mxfp4/serving/tp8-seqs4-128k.txt"
+    )
     assert rules.missing_file_note("ports/glm-5-mxfp4/serving/other.json") is None
 
 
@@ -148,11 +183,15 @@ def _edited(change) -> dict:
 
 
 def _drop_flag(flag):
-    return lambda d: d["serve"].__setitem__("args", [a for a in d["serve"]["args"] if a != flag and not (isinstance(a, dict) and flag in a)])
+    return lambda d: d["serve"].__setitem__(
+        "args", [a for a in d["serve"]["args"] if a != flag and not (isinstance(a, dict) and flag in a)]
+    )
 
 
 def _set_flag(flag, value):
-    return lambda d: d["serve"].__setitem__("args", [{flag: value} if isinstance(a, dict) and flag in a else a for a in d["serve"]["args"]])
+    return lambda d: d["serve"].__setitem__(
+        "args", [{flag: value} if isinstance(a, dict) and flag in a else a for a in d["serve"]["args"]]
+    )
 
 
 @pytest.mark.parametrize(
@@ -165,13 +204,32 @@ def _set_flag(flag, value):
         (_drop_flag("--gpu-memory-utilization"), "rule gpu-memory", "at most 0.86"),
         (lambda d: d.__setitem__("model", "zai-org/GLM-5.3-FP8"), "rule bf16-source", "never the FP8 release"),
         (lambda d: d.__setitem__("model", "zai-org/GLM-5.2"), "rule placement", "fitted to zai-org/GLM-5.3-BF16"),
-        (lambda d: d["switches"].__setitem__("GLM_MOE_TP", "3"), "rule moe-tp", "does not divide --tensor-parallel-size 8"),
+        (
+            lambda d: d["switches"].__setitem__("GLM_MOE_TP", "3"),
+            "rule moe-tp",
+            "does not divide --tensor-parallel-size 8",
+        ),
         (lambda d: d["switches"].__setitem__("GLM_MXK", "true"), "switch GLM_MXK", "a recipe writes '1'"),
         (lambda d: d["switches"].__setitem__("GLM_MOE_TP", "0"), "switch GLM_MOE_TP", "below the minimum 1"),
-        (lambda d: d["switches"].__setitem__("GLM_DSA_SPARS", "1"), "switch GLM_DSA_SPARS", "not a switch of port glm-5-mxfp4"),
+        (
+            lambda d: d["switches"].__setitem__("GLM_DSA_SPARS", "1"),
+            "switch GLM_DSA_SPARS",
+            "not a switch of port glm-5-mxfp4",
+        ),
     ],
-    ids=["no-expert-parallel", "softmax-dropped", "softmax-fast", "memory-0.9", "memory-unset", "fp8-model", "placement-other-model",
-         "moe-tp-3", "switch-spelling", "switch-range", "switch-unknown"],
+    ids=[
+        "no-expert-parallel",
+        "softmax-dropped",
+        "softmax-fast",
+        "memory-0.9",
+        "memory-unset",
+        "fp8-model",
+        "placement-other-model",
+        "moe-tp-3",
+        "switch-spelling",
+        "switch-range",
+        "switch-unknown",
+    ],
 )
 def test_check_refuses_what_the_page_says_not_to_do_and_bad_switches(change, rule, words):
     records = _check(_edited(change))
@@ -218,8 +276,14 @@ def _converted(tmp_path: Path, name="dst", **over) -> Path:
     """A config.json with the quantization_config the converter itself writes."""
     from glm5_mxfp4.convert import quantization_config
 
-    qc = quantization_config({"scale_mode": "even", "block_size": 32, "source_index_sha256": hashlib.sha256(SRC_INDEX).hexdigest(),
-                              "converter": "glm5_mxfp4 0.1.0"})
+    qc = quantization_config(
+        {
+            "scale_mode": "even",
+            "block_size": 32,
+            "source_index_sha256": hashlib.sha256(SRC_INDEX).hexdigest(),
+            "converter": "glm5_mxfp4 0.1.0",
+        }
+    )
     qc.update(over)
     qc = {k: v for k, v in qc.items() if v is not None}
     return _folder(tmp_path / name, dict(BASE, quantization_config=qc))
@@ -236,8 +300,13 @@ def test_checkpoint_check_accepts_the_converters_output_and_its_source(tmp_path,
 @pytest.mark.parametrize(
     "make, words",
     [
-        (lambda t: _folder(t / "fp8", dict(BASE, quantization_config={"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]})),
-         "an FP8 checkpoint"),
+        (
+            lambda t: _folder(
+                t / "fp8",
+                dict(BASE, quantization_config={"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}),
+            ),
+            "an FP8 checkpoint",
+        ),
         (lambda t: _folder(t / "bf16", dict(BASE)), "an unconverted checkpoint"),
         (lambda t: _converted(t, converter="another-tool 1.0"), "not written by glm5_mxfp4"),
         (lambda t: _converted(t, source_index_sha256=None), "no recorded source"),

@@ -24,17 +24,18 @@ import sys
 
 
 def main(tree: str, dst: str) -> dict:
-    import mxfp4_blocks
     import numpy as np
     import torch
     import vllm
-    from glm5_mxfp4 import mxfp4
     from safetensors import safe_open
     from vllm.model_executor.layers.fused_moe import config as C
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
     from vllm.third_party.triton_kernels.numerics_details.mxfp import upcast_from_mxfp_torch
+
+    import mxfp4_blocks
+    from glm5_mxfp4 import mxfp4
 
     out: dict = {"vllm_file": vllm.__file__}
     # 1. dequantization
@@ -46,9 +47,12 @@ def main(tree: str, dst: str) -> dict:
         theirs = upcast_from_mxfp_torch(torch.from_numpy(q), torch.from_numpy(s), torch.float32, -1).numpy()
         code0 = np.repeat(s == 0, 32, axis=-1)
         same = (ours == theirs) | (np.isnan(ours) & np.isnan(theirs))
-        deq[mode] = {"elements": int(ours.size), "code0_elements": int(code0.sum()),
-                     "equal_outside_code0": bool(same[~code0].all()),
-                     "vllm_code0_is_zero": bool((theirs[code0] == 0).all())}
+        deq[mode] = {
+            "elements": int(ours.size),
+            "code0_elements": int(code0.sum()),
+            "equal_outside_code0": bool(same[~code0].all()),
+            "vllm_code0_is_zero": bool((theirs[code0] == 0).all()),
+        }
     out["dequant"] = deq
     # 2. the converted checkpoint, key by key
     with open(os.path.join(dst, "config.json")) as f:
@@ -58,13 +62,28 @@ def main(tree: str, dst: str) -> dict:
     E, H, inter = cfg["n_routed_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
     mapping = RoutedExperts.build_expert_params_mapping("gate_proj", "down_proj", "up_proj", num_experts=E)
     fields = {f.name for f in dataclasses.fields(C.FusedMoEParallelConfig)}
-    pc = C.FusedMoEParallelConfig(**{n: (1 if n.endswith("_size") else 0 if n.endswith("_rank") else False)
-                                     for n in fields if n != "all2all_backend"}, all2all_backend="naive")
-    moe = C.FusedMoEConfig(num_experts=E, experts_per_token=cfg["num_experts_per_tok"], hidden_dim=H,
-                           intermediate_size=inter, num_local_experts=E, num_logical_experts=E,
-                           activation=MoEActivation.SILU, device="cpu",
-                           routing_method=C.RoutingMethodType.DeepSeekV3, moe_parallel_config=pc,
-                           in_dtype=torch.bfloat16, intermediate_size_per_partition=inter)
+    pc = C.FusedMoEParallelConfig(
+        **{
+            n: (1 if n.endswith("_size") else 0 if n.endswith("_rank") else False)
+            for n in fields
+            if n != "all2all_backend"
+        },
+        all2all_backend="naive",
+    )
+    moe = C.FusedMoEConfig(
+        num_experts=E,
+        experts_per_token=cfg["num_experts_per_tok"],
+        hidden_dim=H,
+        intermediate_size=inter,
+        num_local_experts=E,
+        num_logical_experts=E,
+        activation=MoEActivation.SILU,
+        device="cpu",
+        routing_method=C.RoutingMethodType.DeepSeekV3,
+        moe_parallel_config=pc,
+        in_dtype=torch.bfloat16,
+        intermediate_size_per_partition=inter,
+    )
     method = Mxfp4MoEMethod.__new__(Mxfp4MoEMethod)
     method.moe = moe
     layers: dict[str, torch.nn.Module] = {}
@@ -84,8 +103,14 @@ def main(tree: str, dst: str) -> dict:
         layer = layers.get(prefix)
         if layer is None:
             layer = layers[prefix] = torch.nn.Module()
-            method.create_weights(layer, num_experts=E, hidden_size=H, intermediate_size_per_partition=inter,
-                                  params_dtype=torch.bfloat16, weight_loader=lambda *a, **k: None)
+            method.create_weights(
+                layer,
+                num_experts=E,
+                hidden_size=H,
+                intermediate_size_per_partition=inter,
+                params_dtype=torch.bfloat16,
+                weight_loader=lambda *a, **k: None,
+            )
         attr = pname.split(".")[-1]  # routed_experts.w13_weight -> w13_weight
         param = getattr(layer, attr, None)
         if param is None:
@@ -109,8 +134,7 @@ def main(tree: str, dst: str) -> dict:
     for prefix, layer in layers.items():
         for name, p in layer.named_parameters():
             params[f"{prefix}.{name}"] = [str(p.dtype), list(p.shape)]
-    out.update({"mapped_and_copied": loaded, "problems": problems, "params": params,
-                "moe_layers": sorted(layers)})
+    out.update({"mapped_and_copied": loaded, "problems": problems, "params": params, "moe_layers": sorted(layers)})
     return out
 
 

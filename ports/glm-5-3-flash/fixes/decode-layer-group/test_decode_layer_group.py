@@ -63,4 +63,6 @@ def test_decode_marks_once_per_layer_group(runner, monkeypatch):
 def test_layers_without_the_attribute_mark_as_before(runner, monkeypatch):
     layers = [PlainDecoderLayer(i, group=45) for i in range(6)]
     runner.modify_model_layers(nn.Sequential(*layers), ["DecoderLayer"], 2)
-    assert run(runner, layers, decode=True, monkeypatch=monkeypatch) == 3  # every 2nd layer, VLLM_CONFIG_HIDDEN_LAYERS=2
+    assert (
+        run(runner, layers, decode=True, monkeypatch=monkeypatch) == 3
+    )  # every 2nd layer, VLLM_CONFIG_HIDDEN_LAYERS=2

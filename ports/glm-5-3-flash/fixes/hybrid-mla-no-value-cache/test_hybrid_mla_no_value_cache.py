@@ -21,37 +21,68 @@ def layout(tree, monkeypatch, *, use_mla: bool, branch: str):
     import torch
     import torch.nn as nn
     import vllm_gaudi.v1.worker.hpu_model_runner as hmr
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,
-                                            MambaSpec, MLAAttentionSpec)
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        MambaSpec,
+        MLAAttentionSpec,
+    )
     from vllm_gaudi.attention.backends.hpu_attn import HPUAttentionBackend, HPUMLAAttentionBackend
 
     bound = {}
     monkeypatch.setattr(hmr, "bind_kv_cache", lambda kv_caches, *a, **k: bound.update(kv_caches))
-    spec_type, backend = (MLAAttentionSpec, HPUMLAAttentionBackend) if use_mla else (FullAttentionSpec, HPUAttentionBackend)
+    spec_type, backend = (
+        (MLAAttentionSpec, HPUMLAAttentionBackend) if use_mla else (FullAttentionSpec, HPUAttentionBackend)
+    )
     attn = spec_type(block_size=KV_BLOCK, num_kv_heads=1, head_size=LATENT, dtype=torch.bfloat16)
-    state = MambaSpec(block_size=KV_BLOCK, shapes=((2, 4), ), dtypes=(torch.float32, ), mamba_type="linear_attention")
-    config = KVCacheConfig(num_blocks=NUM_BLOCKS,
-                           kv_cache_tensors=[
-                               KVCacheTensor(size=attn.page_size_bytes * NUM_BLOCKS, shared_by=["attn"]),
-                               KVCacheTensor(size=state.page_size_bytes * NUM_BLOCKS, shared_by=["kda"]),
-                           ],
-                           kv_cache_groups=[KVCacheGroupSpec(["attn"], attn), KVCacheGroupSpec(["kda"], state)])
+    state = MambaSpec(block_size=KV_BLOCK, shapes=((2, 4),), dtypes=(torch.float32,), mamba_type="linear_attention")
+    config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[
+            KVCacheTensor(size=attn.page_size_bytes * NUM_BLOCKS, shared_by=["attn"]),
+            KVCacheTensor(size=state.page_size_bytes * NUM_BLOCKS, shared_by=["kda"]),
+        ],
+        kv_cache_groups=[KVCacheGroupSpec(["attn"], attn), KVCacheGroupSpec(["kda"], state)],
+    )
     model = nn.Module()
     model.config = SimpleNamespace(architectures=["Glm5NextForConditionalGeneration"])
     r = object.__new__(hmr.HPUModelRunner)
     r.__dict__.update(
-        device=torch.device("cpu"), pin_memory=False, block_size=128, attn_block_size=128,
-        vllm_config=SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={}),
-                                    cache_config=SimpleNamespace(block_size=KV_BLOCK)),
-        model=model, model_config=SimpleNamespace(dtype=torch.bfloat16, use_mla=use_mla),
-        shared_kv_cache_layers={}, runner_only_attn_layers=set(), kv_caches=[],
-        _compact_gdn_group_ids=set(), _compact_gdn_group_offset={}, _compact_gdn_enabled=True, _gdn_req_to_base_slot={},
-        _original_max_num_seqs=4, num_mamba_like_layers=1, num_gdn=1,
-        use_hybrid_cache=branch == "hybrid", use_naive_mamba_cache_sharing=branch == "naive",
-        attn_groups=[[SimpleNamespace(backend=backend)], []], attn_backend=backend,
-        enable_bucketing=False, use_contiguous_pa=False, uses_mrope=False, interleaved_sliding_window=False,
-        model_has_chunked_attention=False, use_async_scheduling=False, get_dp_padding=lambda n: 0,
-        cache_config=SimpleNamespace(mamba_block_size=KV_BLOCK), use_prefix_caching=False,
+        device=torch.device("cpu"),
+        pin_memory=False,
+        block_size=128,
+        attn_block_size=128,
+        vllm_config=SimpleNamespace(
+            compilation_config=SimpleNamespace(static_forward_context={}),
+            cache_config=SimpleNamespace(block_size=KV_BLOCK),
+        ),
+        model=model,
+        model_config=SimpleNamespace(dtype=torch.bfloat16, use_mla=use_mla),
+        shared_kv_cache_layers={},
+        runner_only_attn_layers=set(),
+        kv_caches=[],
+        _compact_gdn_group_ids=set(),
+        _compact_gdn_group_offset={},
+        _compact_gdn_enabled=True,
+        _gdn_req_to_base_slot={},
+        _original_max_num_seqs=4,
+        num_mamba_like_layers=1,
+        num_gdn=1,
+        use_hybrid_cache=branch == "hybrid",
+        use_naive_mamba_cache_sharing=branch == "naive",
+        attn_groups=[[SimpleNamespace(backend=backend)], []],
+        attn_backend=backend,
+        enable_bucketing=False,
+        use_contiguous_pa=False,
+        uses_mrope=False,
+        interleaved_sliding_window=False,
+        model_has_chunked_attention=False,
+        use_async_scheduling=False,
+        get_dp_padding=lambda n: 0,
+        cache_config=SimpleNamespace(mamba_block_size=KV_BLOCK),
+        use_prefix_caching=False,
     )
     r.may_reinitialize_input_batch = lambda kv_cache_config, kernel_block_sizes: None
     r.initialize_kv_cache(config)
@@ -68,7 +99,8 @@ def test_an_mla_layer_gets_no_value_cache(tree, monkeypatch, branch):
     assert key_cache.shape[0] == rows and key_cache.shape[-1] == LATENT
     assert value_cache is None, (
         f"{branch} branch allocated a value cache of {value_cache.numel() * value_cache.element_size():,} bytes "
-        "for an MLA layer, which reads only its latent (key) cache")
+        "for an MLA layer, which reads only its latent (key) cache"
+    )
     assert len(bound["attn"]) == 4  # the tuple readers index stays (kc, vc, k_scales, v_scales)
     assert isinstance(bound["kda"], tuple) and bound["kda"][0].dtype.is_floating_point
 

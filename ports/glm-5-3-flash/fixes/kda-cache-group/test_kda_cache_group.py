@@ -49,7 +49,12 @@ def build(runner_mod):
 
     model = Model()
     mla = MLAAttentionSpec(block_size=128, num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
-    kda = MambaSpec(block_size=128, shapes=((6, 3), (2, 4, 4)), dtypes=(torch.bfloat16, torch.float32), mamba_type="linear_attention")
+    kda = MambaSpec(
+        block_size=128,
+        shapes=((6, 3), (2, 4, 4)),
+        dtypes=(torch.bfloat16, torch.float32),
+        mamba_type="linear_attention",
+    )
     groups = [
         KVCacheGroupSpec(["model.layers.3.self_attn.attn"], mla),
         KVCacheGroupSpec(["model.layers.0.self_attn", "model.layers.1.self_attn"], kda),
@@ -94,15 +99,20 @@ def test_the_ports_own_kda_layers_get_their_cache_group(runner):
     from reference_harness import tiny_config
 
     cfg = tiny_config()
-    vllm_config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16),
-                                  cache_config=SimpleNamespace(mamba_cache_dtype="float32"),
-                                  compilation_config=SimpleNamespace(static_forward_context={}))
+    vllm_config = SimpleNamespace(
+        model_config=SimpleNamespace(dtype=torch.bfloat16),
+        cache_config=SimpleNamespace(mamba_cache_dtype="float32"),
+        compilation_config=SimpleNamespace(static_forward_context={}),
+    )
     layers = nn.ModuleList()
     for i, kind in enumerate(cfg.text_config.layer_types):
         layer = nn.Module()
         prefix = f"model.language_model.layers.{i}.self_attn"
-        layer.self_attn = (Glm5NextKDA(cfg.text_config, vllm_config, prefix, par=Parallel(0, 1, False))
-                           if kind == "linear_attention" else nn.Linear(2, 2))
+        layer.self_attn = (
+            Glm5NextKDA(cfg.text_config, vllm_config, prefix, par=Parallel(0, 1, False))
+            if kind == "linear_attention"
+            else nn.Linear(2, 2)
+        )
         layers.append(layer)
     model = nn.Module()
     model.config = SimpleNamespace(architectures=["Glm5NextForConditionalGeneration"])  # as config.json names it
@@ -113,13 +123,25 @@ def test_the_ports_own_kda_layers_get_their_cache_group(runner):
     assert kda and all(model.model.language_model.layers[i].self_attn.cache_group_idx is None for i in kda)
     first = model.model.language_model.layers[kda[0]].self_attn
     shapes = first.get_state_shape()
-    state = MambaSpec(block_size=128, shapes=tuple(shapes), dtypes=tuple(first.get_state_dtype()), mamba_type="linear_attention")
+    state = MambaSpec(
+        block_size=128, shapes=tuple(shapes), dtypes=tuple(first.get_state_dtype()), mamba_type="linear_attention"
+    )
     mla = MLAAttentionSpec(block_size=128, num_kv_heads=1, head_size=32, dtype=torch.bfloat16)
     names = [f"model.language_model.layers.{i}.self_attn" for i in kda]
-    groups = [KVCacheGroupSpec([f"model.language_model.layers.{i}.self_attn.attn" for i, k in enumerate(cfg.text_config.layer_types)
-                                if k != "linear_attention"], mla)]
+    groups = [
+        KVCacheGroupSpec(
+            [
+                f"model.language_model.layers.{i}.self_attn.attn"
+                for i, k in enumerate(cfg.text_config.layer_types)
+                if k != "linear_attention"
+            ],
+            mla,
+        )
+    ]
     groups += [KVCacheGroupSpec([n], state) for n in names]  # one group per KDA layer here
-    runner.maybe_set_mamba_kv_cache_groups_ids(model, KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=groups))
+    runner.maybe_set_mamba_kv_cache_groups_ids(
+        model, KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=groups)
+    )
     got = [model.model.language_model.layers[i].self_attn.cache_group_idx for i in kda]
     assert all(v is not None for v in got), f"the port's KDA layers kept cache_group_idx None: {got}"
     assert [int(v) for v in got] == list(range(1, len(kda) + 1))

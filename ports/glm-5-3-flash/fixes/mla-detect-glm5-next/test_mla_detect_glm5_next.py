@@ -29,8 +29,16 @@ def model_config(tree, tmp_path, monkeypatch):
     from vllm.engine.arg_utils import EngineArgs
 
     ckpt = write_release_config(tmp_path / "glm-5.3-flash")
-    args = EngineArgs(model=str(ckpt), tensor_parallel_size=8, enable_expert_parallel=True, max_model_len=262144,
-                      max_num_seqs=32, dtype="bfloat16", skip_tokenizer_init=True, enable_prefix_caching=False)
+    args = EngineArgs(
+        model=str(ckpt),
+        tensor_parallel_size=8,
+        enable_expert_parallel=True,
+        max_model_len=262144,
+        max_num_seqs=32,
+        dtype="bfloat16",
+        skip_tokenizer_init=True,
+        enable_prefix_caching=False,
+    )
     return args.create_model_config()
 
 

@@ -48,7 +48,9 @@ def reference(q, latent, w_kv_b, rope):
     kv = (c @ w_kv_b.T).view(-1, HEADS, NOPE + VDIM)
     k_nope, v = kv.split([NOPE, VDIM], dim=-1)
     k = torch.cat((k_nope, k_pe[:, None, :].expand(-1, HEADS, -1)), dim=-1)
-    out = cpu_prompt_attention(query=q.view(1, -1, HEADS, NOPE + rope), key=k[None], value=v[None], is_causal=True, scale=(NOPE + rope) ** -0.5)
+    out = cpu_prompt_attention(
+        query=q.view(1, -1, HEADS, NOPE + rope), key=k[None], value=v[None], is_causal=True, scale=(NOPE + rope) ** -0.5
+    )
     return out.reshape(-1, HEADS * VDIM)
 
 
@@ -59,7 +61,9 @@ def test_mla_prefill_attention(hpu_attn, rope):
     w_kv_b = torch.randn(HEADS * (NOPE + VDIM), RANK, generator=g) * 0.2
     q = torch.randn(TOKENS, HEADS, NOPE + rope, generator=g)
     latent = torch.randn(TOKENS, RANK + rope, generator=g)
-    meta = types.SimpleNamespace(block_list=None, seq_lens_tensor=torch.tensor([TOKENS]), attn_bias=None, block_size=128)
+    meta = types.SimpleNamespace(
+        block_list=None, seq_lens_tensor=torch.tensor([TOKENS]), attn_bias=None, block_size=128
+    )
 
     impl = make_impl(hpu_attn, rope, w_kv_b)
     out = impl.forward_mha(q, latent, None, meta)

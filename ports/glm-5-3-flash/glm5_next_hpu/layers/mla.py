@@ -61,7 +61,9 @@ class Indexer(nn.Module):
         bidx = torch.arange(B)[:, None, None]
         valid = in_range & mask[bidx, tok_c]
         pool_ok = valid.all(-1)  # [B, n_pools]
-        logits = (gate[bidx, tok_c] + self.index_kpool_compress_ape.float()).masked_fill(~valid[..., None], float("-inf"))
+        logits = (gate[bidx, tok_c] + self.index_kpool_compress_ape.float()).masked_fill(
+            ~valid[..., None], float("-inf")
+        )
         probs = torch.nan_to_num(logits.softmax(dim=2))
         pool_k = (probs * k[bidx, tok_c]).sum(2)  # [B, n_pools, Dh]
         scores = F.relu(torch.einsum("bshd,bpd->bshp", q, pool_k) * self.head_dim**-0.5)
@@ -125,8 +127,11 @@ class MLAAttention(nn.Module):
             key_valid = cache.key_valid
         # Padded keys are masked out of the softmax, but 0 * NaN = NaN in probs @ v: clear them.
         c_keys = torch.where(key_valid[..., None], c, torch.zeros((), dtype=c.dtype))
-        k_nope, v = self.kv_b_proj(c_keys).view(B, -1, self.num_heads, self.nope + self.v_dim).transpose(1, 2).split(
-            [self.nope, self.v_dim], dim=-1
+        k_nope, v = (
+            self.kv_b_proj(c_keys)
+            .view(B, -1, self.num_heads, self.nope + self.v_dim)
+            .transpose(1, 2)
+            .split([self.nope, self.v_dim], dim=-1)
         )
         S = c.shape[1]
         visible = torch.arange(S)[None, :] <= (past + torch.arange(T))[:, None]

@@ -61,9 +61,9 @@ class Experts(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        E, D, I = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
-        self.w13_weight = nn.Parameter(torch.zeros(E, 2 * I, D))
-        self.w2_weight = nn.Parameter(torch.zeros(E, D, I))
+        E, D, inter = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        self.w13_weight = nn.Parameter(torch.zeros(E, 2 * inter, D))
+        self.w2_weight = nn.Parameter(torch.zeros(E, D, inter))
         self.limit = config.swiglu_limit
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

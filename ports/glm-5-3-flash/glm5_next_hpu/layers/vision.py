@@ -27,7 +27,7 @@ class VisionAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         q, k = (_rope(t, cos, sin) for t in (q, k))
         out = torch.empty_like(v)
-        for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:]):  # non-causal attention within each image/frame
+        for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True):  # non-causal attention within each image/frame
             qh, kh, vh = (t[s:e].transpose(0, 1) for t in (q, k, v))
             probs = (torch.matmul(qh, kh.transpose(-1, -2)) * self.head_dim**-0.5).softmax(-1, dtype=torch.float32)
             out[s:e] = torch.matmul(probs.to(vh.dtype), vh).transpose(0, 1)
@@ -40,6 +40,12 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     half = xf.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
     return (xf * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
+
+
+def _block_major(a: torch.Tensor, m: int) -> torch.Tensor:
+    """An [h, w] grid flattened in the order patches arrive: block-major over m x m merge windows."""
+    h, w = a.shape
+    return a.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
 
 
 class VisionBlock(nn.Module):
@@ -108,9 +114,7 @@ class VisionModel(nn.Module):
         for t, h, w in grid_thw.tolist():
             hh = torch.arange(h)[:, None].expand(h, w)
             ww = torch.arange(w)[None, :].expand(h, w)
-            # Patches arrive block-major over m x m merge windows.
-            order = lambda a: a.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()  # noqa: E731
-            pos.append(torch.stack([order(hh), order(ww)], dim=-1).repeat(t, 1))
+            pos.append(torch.stack([_block_major(hh, m), _block_major(ww, m)], dim=-1).repeat(t, 1))
             cu.extend(cu[-1] + h * w * (i + 1) for i in range(t))
         pos = torch.cat(pos).to(self.inv_freq.device)  # built on the host; the tower may sit on a device
         freqs = pos[..., None].float() * self.inv_freq  # [L, 2, F]

@@ -57,8 +57,12 @@ class BlockFp8Spec:
         if qc.get("scale_fmt", "float") != "float":
             raise Fp8CheckpointError(f"{where}.scale_fmt is {qc.get('scale_fmt')!r}; only fp32 scales ('float')")
         block = qc.get("weight_block_size")
-        if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-            raise Fp8CheckpointError(f"{where}.weight_block_size is {block!r}; need two positive ints (per-block scales)")
+        if not (
+            isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
+        ):
+            raise Fp8CheckpointError(
+                f"{where}.weight_block_size is {block!r}; need two positive ints (per-block scales)"
+            )
         skip = qc.get("modules_to_not_convert", qc.get("ignored_layers")) or []
         if not (isinstance(skip, list) and all(isinstance(s, str) for s in skip)):
             raise Fp8CheckpointError(f"{where}.modules_to_not_convert must be a list of module names")
@@ -151,9 +155,7 @@ class Fp8Pairing:
         self.raw: list[str] = []  # weight keys emitted as FP8 bytes with their scale
 
     def _no_spec(self, key: str, what: str):
-        raise Fp8CheckpointError(
-            f"{key}: {what} in a checkpoint whose config.json has no fp8 quantization_config"
-        )
+        raise Fp8CheckpointError(f"{key}: {what} in a checkpoint whose config.json has no fp8 quantization_config")
 
     def feed(self, key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         if key.endswith(".weight" + SCALE_SUFFIX):
@@ -171,10 +173,14 @@ class Fp8Pairing:
             if self.spec is None:
                 self._no_spec(key, f"an {FP8_DTYPE} tensor")
             if not key.endswith(".weight") or tensor.dim() != 2:
-                raise Fp8CheckpointError(f"{key}: {FP8_DTYPE} tensor of shape {tuple(tensor.shape)} is not a 2-D projection weight")
+                raise Fp8CheckpointError(
+                    f"{key}: {FP8_DTYPE} tensor of shape {tuple(tensor.shape)} is not a 2-D projection weight"
+                )
             module = key[: -len(".weight")]
             if self.spec.skipped(module):
-                raise Fp8CheckpointError(f"{key}: stored as {FP8_DTYPE} but {module} is in quantization_config.modules_to_not_convert")
+                raise Fp8CheckpointError(
+                    f"{key}: stored as {FP8_DTYPE} but {module} is in quantization_config.modules_to_not_convert"
+                )
             if key in self.weights:
                 raise Fp8CheckpointError(f"{key}: appears twice in the checkpoint stream")
             if key in self.scales:

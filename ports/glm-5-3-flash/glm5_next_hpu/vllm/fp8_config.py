@@ -126,8 +126,11 @@ def checkpoint_fp8_spec(quant_config) -> BlockFp8Spec | None:
                 "dynamic activations (the published GLM-5.3-Flash FP8) are served"
             )
         return BlockFp8Spec.from_quantization_config(
-            {"quant_method": "fp8", "weight_block_size": list(qc.weight_block_size),
-             "modules_to_not_convert": list(qc.ignored_layers)},
+            {
+                "quant_method": "fp8",
+                "weight_block_size": list(qc.weight_block_size),
+                "modules_to_not_convert": list(qc.ignored_layers),
+            },
             source="vLLM Fp8Config",
         )
     raise UnsupportedConfigError(

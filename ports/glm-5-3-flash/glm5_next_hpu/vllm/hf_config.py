@@ -114,12 +114,35 @@ VISION_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
 #: Fields the port accepts on disk without using them (transformers' generic keys, and the six
 #: attributes vLLM 0.33's glm5next reads that transformers does not declare).
 KNOWN_EXTRA = {
-    "model_type", "architectures", "dtype", "torch_dtype", "transformers_version", "qk_head_dim",
-    "rope_parameters", "rope_scaling", "rope_theta", "quantization_config", "auto_map",
-    "mhc", "mla_use_nope", "scoring_func", "topk_method", "num_nextn_predict_layers",
-    "indexer_rope_interleave", "moe_router_dtype", "return_dict", "output_hidden_states",
-    "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type",
-    "tokenizer_class", "_name_or_path", "experts_implementation", "base_model_tp_plan",
+    "model_type",
+    "architectures",
+    "dtype",
+    "torch_dtype",
+    "transformers_version",
+    "qk_head_dim",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "quantization_config",
+    "auto_map",
+    "mhc",
+    "mla_use_nope",
+    "scoring_func",
+    "topk_method",
+    "num_nextn_predict_layers",
+    "indexer_rope_interleave",
+    "moe_router_dtype",
+    "return_dict",
+    "output_hidden_states",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "tokenizer_class",
+    "_name_or_path",
+    "experts_implementation",
+    "base_model_tp_plan",
 }
 
 
@@ -163,7 +186,9 @@ def check_config_json(source: str | Path | dict, tp_size: int = 1, prefix_cachin
                 if isinstance(v, float) and not math.isfinite(v):
                     ok = False
                 if not ok:
-                    problems.append(f"{key}: {v!r} is {type(v).__name__}, expected {'/'.join(t.__name__ for t in types)}")
+                    problems.append(
+                        f"{key}: {v!r} is {type(v).__name__}, expected {'/'.join(t.__name__ for t in types)}"
+                    )
                 values[name] = v
                 checked[key] = "present"
             else:
@@ -193,8 +218,15 @@ def check_config_json(source: str | Path | dict, tp_size: int = 1, prefix_cachin
         if bad:
             problems.append(f"{name}: unknown values {bad}")
     # Legacy spelling, remapped as transformers does.
-    text_values["layer_types"] = ["indexed_attention" if t == "full_attention" else t for t in text_values["layer_types"]]
-    for name, expected in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("mla_use_nope", True), ("mhc", True)):
+    text_values["layer_types"] = [
+        "indexed_attention" if t == "full_attention" else t for t in text_values["layer_types"]
+    ]
+    for name, expected in (
+        ("scoring_func", "sigmoid"),
+        ("topk_method", "noaux_tc"),
+        ("mla_use_nope", True),
+        ("mhc", True),
+    ):
         if name in text_raw and text_raw[name] != expected:
             problems.append(f"{name}: {text_raw[name]!r}, the port implements {expected!r}")
     if "linear_attn_config" in text_raw:
@@ -208,13 +240,24 @@ def check_config_json(source: str | Path | dict, tp_size: int = 1, prefix_cachin
     known = set(TEXT_FIELDS) | KNOWN_EXTRA | ({"text_config", "vision_config"} | set(TOP_FIELDS) if nested else set())
     extra = sorted(set(text_raw) - known)
     if nested:
-        extra += sorted(f"(top) {k}" for k in set(raw) - set(TOP_FIELDS) - KNOWN_EXTRA - {"text_config", "vision_config"})
+        extra += sorted(
+            f"(top) {k}" for k in set(raw) - set(TOP_FIELDS) - KNOWN_EXTRA - {"text_config", "vision_config"}
+        )
     if problems:
-        raise ConfigCheckError("config.json does not match the vendored GLM-5.3-Flash schema:\n  - " + "\n  - ".join(problems))
+        raise ConfigCheckError(
+            "config.json does not match the vendored GLM-5.3-Flash schema:\n  - " + "\n  - ".join(problems)
+        )
     text = SimpleNamespace(**text_values)
     validate_config(text, tp_size=tp_size, prefix_caching=prefix_caching)
     report = {"checked": checked, "extra": extra, "count": len(checked), "top": top_values}
     return text, report
 
 
-__all__ = ["ConfigCheckError", "TEXT_FIELDS", "TOP_FIELDS", "VISION_FIELDS", "UnsupportedConfigError", "check_config_json"]
+__all__ = [
+    "ConfigCheckError",
+    "TEXT_FIELDS",
+    "TOP_FIELDS",
+    "VISION_FIELDS",
+    "UnsupportedConfigError",
+    "check_config_json",
+]

@@ -137,7 +137,9 @@ def load_checkpoint(
     pairing = Fp8Pairing(fp8, lambda key: _fp8_dest_dtype(key, params, fused_owner, num_hidden_layers, skip, rename))
     for raw_key, raw_tensor in weights:
         for key, tensor in pairing.feed(raw_key, raw_tensor):
-            _load_one(key, tensor, params, fused_owner, written, report, num_hidden_layers, tp_rank, tp_size, skip, rename)
+            _load_one(
+                key, tensor, params, fused_owner, written, report, num_hidden_layers, tp_rank, tp_size, skip, rename
+            )
     pairing.finish()
     report.fp8_dequantized = list(pairing.dequantized)
     report.fp8_raw = list(pairing.raw)
@@ -146,7 +148,9 @@ def load_checkpoint(
         lines = []
         for n in missing_params:
             keys = [k for k in expected_keys(n, params[n]) if k not in report.loaded_keys]
-            lines.append(f"{n}: {written[n]} of {params[n].numel()} elements; missing {keys[:8]}{' ...' if len(keys) > 8 else ''}")
+            lines.append(
+                f"{n}: {written[n]} of {params[n].numel()} elements; missing {keys[:8]}{' ...' if len(keys) > 8 else ''}"
+            )
         raise CheckpointLoadError(f"{len(missing_params)} parameters not fully loaded:\n  - " + "\n  - ".join(lines))
     report.loaded_params = set(params)
     return report
@@ -171,7 +175,9 @@ def _fp8_dest_dtype(key, params, fused_owner, num_hidden_layers, skip, rename) -
     return params[pname].dtype
 
 
-def _load_one(key, tensor, params, fused_owner, written, report, num_hidden_layers, tp_rank, tp_size, skip, rename) -> None:
+def _load_one(
+    key, tensor, params, fused_owner, written, report, num_hidden_layers, tp_rank, tp_size, skip, rename
+) -> None:
     if key in report.loaded_keys:
         raise CheckpointLoadError(f"{key}: appears twice in the checkpoint stream")
     target = map_checkpoint_key(key, num_hidden_layers)

@@ -56,8 +56,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -90,7 +89,17 @@ from .multimodal import (
     Glm5NextMultiModalProcessor,
     Glm5NextProcessingInfo,
 )
-from .parallel import ColumnLinear, LMHead, Parallel, RowLinear, VocabEmbedding, decoder_mlp, divide, from_vllm, make_linear
+from .parallel import (
+    ColumnLinear,
+    LMHead,
+    Parallel,
+    RowLinear,
+    VocabEmbedding,
+    decoder_mlp,
+    divide,
+    from_vllm,
+    make_linear,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -143,8 +152,9 @@ class Glm5NextKDA(nn.Module, MambaBase):
     ``use_scan`` (the GLM5_NEXT_KDA_SCAN switch) is handed to ``chunk_kda``: True the
     Hillis-Steele carry, False the sequential one, None the kernel's device default."""
 
-    def __init__(self, config, vllm_config: VllmConfig, prefix: str, use_scan: bool | None = None,
-                 par: Parallel | None = None):
+    def __init__(
+        self, config, vllm_config: VllmConfig, prefix: str, use_scan: bool | None = None, par: Parallel | None = None
+    ):
         super().__init__()
         self.prefix = prefix
         self.use_scan = use_scan
@@ -169,7 +179,9 @@ class Glm5NextKDA(nn.Module, MambaBase):
         self.f_b_proj = ColumnLinear(K, H_all * K, par, "linear_num_heads * linear_head_dim")
         self.dt_bias = _shard(nn.Parameter(torch.empty(H * K, dtype=torch.float32), requires_grad=False), 0)
         # Flat [H] on disk; held as [1, 1, H/tp, 1] (vLLM's Kimi layout) -> reshape, then shard dim 2.
-        self.A_log = _shard(nn.Parameter(torch.empty(1, 1, H, 1, dtype=torch.float32), requires_grad=False), 2, (1, 1, -1, 1))
+        self.A_log = _shard(
+            nn.Parameter(torch.empty(1, 1, H, 1, dtype=torch.float32), requires_grad=False), 2, (1, 1, -1, 1)
+        )
         self.b_proj = ColumnLinear(D, H_all, par, "linear_num_heads")
         self.g_a_proj = nn.Linear(D, K, bias=False)
         self.g_b_proj = ColumnLinear(K, H_all * K, par, "linear_num_heads * linear_head_dim")
@@ -268,7 +280,6 @@ class Glm5NextKDA(nn.Module, MambaBase):
             rec_cache[slot].copy_(S[0].to(rec_cache.dtype))
             core_out[s:e] = o[0].to(core_out.dtype)
         self.calls += 1
-
 
     def _state_rows(self, indices: torch.Tensor | None, n: int) -> torch.Tensor:
         """This layer's state slots from vllm-gaudi's index tensor (2-D: one row per KV cache group).
@@ -376,15 +387,35 @@ class Glm5NextMLA(nn.Module):
         # The checkpoint has no KV-cache scales: vLLM's FP8 KV-cache method stays off the attention.
         attn_quant = vllm_config.quant_config if quant is None else None
         self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
-        self.q_b_proj = make_linear("column", config.q_lora_rank, H_all * self.nope, par,
-                                    "num_attention_heads * qk_nope_head_dim", quant_config=quant, prefix=f"{prefix}.q_b_proj")
+        self.q_b_proj = make_linear(
+            "column",
+            config.q_lora_rank,
+            H_all * self.nope,
+            par,
+            "num_attention_heads * qk_nope_head_dim",
+            quant_config=quant,
+            prefix=f"{prefix}.q_b_proj",
+        )
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, config.rms_norm_eps)
         self.kv_b_proj = make_linear(
-            "column", config.kv_lora_rank, H_all * (self.nope + self.v_dim), par,
-            "num_attention_heads * (qk_nope_head_dim + v_head_dim)", quant_config=quant, prefix=f"{prefix}.kv_b_proj",
+            "column",
+            config.kv_lora_rank,
+            H_all * (self.nope + self.v_dim),
+            par,
+            "num_attention_heads * (qk_nope_head_dim + v_head_dim)",
+            quant_config=quant,
+            prefix=f"{prefix}.kv_b_proj",
         )
-        self.o_proj = make_linear("row", H_all * self.v_dim, D, par, "num_attention_heads * v_head_dim", bias=bias,
-                                  quant_config=quant, prefix=f"{prefix}.o_proj")
+        self.o_proj = make_linear(
+            "row",
+            H_all * self.v_dim,
+            D,
+            par,
+            "num_attention_heads * v_head_dim",
+            bias=bias,
+            quant_config=quant,
+            prefix=f"{prefix}.o_proj",
+        )
         self.indexer = Indexer(config)  # loaded, skipped (dense == DSA up to index_topk + kpool - 1 keys)
         if self.expanded:
             if self.nope not in CPU_ATTENTION_HEAD_SIZES:
@@ -392,11 +423,29 @@ class Glm5NextMLA(nn.Module):
                     f"qk_nope_head_dim {self.nope} is not a head size vLLM's CPU attention accepts {CPU_ATTENTION_HEAD_SIZES}"
                 )
             if self.v_dim != self.nope:
-                raise UnsupportedConfigError(f"expanded MLA needs v_head_dim == qk_nope_head_dim, got {self.v_dim} / {self.nope}")
-            self.q_a_proj = make_linear("replicated", D, config.q_lora_rank, par, "q_lora_rank", bias=bias,
-                                        quant_config=quant, prefix=f"{prefix}.q_a_proj")
-            self.kv_a_proj_with_mqa = make_linear("replicated", D, config.kv_lora_rank, par, "kv_lora_rank", bias=bias,
-                                                  quant_config=quant, prefix=f"{prefix}.kv_a_proj_with_mqa")
+                raise UnsupportedConfigError(
+                    f"expanded MLA needs v_head_dim == qk_nope_head_dim, got {self.v_dim} / {self.nope}"
+                )
+            self.q_a_proj = make_linear(
+                "replicated",
+                D,
+                config.q_lora_rank,
+                par,
+                "q_lora_rank",
+                bias=bias,
+                quant_config=quant,
+                prefix=f"{prefix}.q_a_proj",
+            )
+            self.kv_a_proj_with_mqa = make_linear(
+                "replicated",
+                D,
+                config.kv_lora_rank,
+                par,
+                "kv_lora_rank",
+                bias=bias,
+                quant_config=quant,
+                prefix=f"{prefix}.kv_a_proj_with_mqa",
+            )
             self.attn = Attention(
                 num_heads=H,  # this rank's heads
                 head_size=self.nope,
@@ -414,14 +463,32 @@ class Glm5NextMLA(nn.Module):
             # pair (the second half's block rows offset) is not built.
             self.fused_qkv_a_proj = _FusedQkvA(D, config.q_lora_rank, config.kv_lora_rank)
             modules = MLAModules(
-                kv_a_layernorm=self.kv_a_layernorm, kv_b_proj=_TupleOut(self.kv_b_proj), rotary_emb=None,
-                o_proj=_TupleOut(self.o_proj), fused_qkv_a_proj=self.fused_qkv_a_proj, kv_a_proj_with_mqa=None,
-                q_a_layernorm=self.q_a_layernorm, q_b_proj=_TupleOut(self.q_b_proj), q_proj=None,
-                indexer=None, is_sparse=False, topk_indices_buffer=None,
+                kv_a_layernorm=self.kv_a_layernorm,
+                kv_b_proj=_TupleOut(self.kv_b_proj),
+                rotary_emb=None,
+                o_proj=_TupleOut(self.o_proj),
+                fused_qkv_a_proj=self.fused_qkv_a_proj,
+                kv_a_proj_with_mqa=None,
+                q_a_layernorm=self.q_a_layernorm,
+                q_b_proj=_TupleOut(self.q_b_proj),
+                q_proj=None,
+                indexer=None,
+                is_sparse=False,
+                topk_indices_buffer=None,
             )
             self.mla_attn = MultiHeadLatentAttentionWrapper(  # H: this rank's heads, as DeepSeek-V2 passes
-                D, H, self.nope**-0.5, self.nope, 0, self.v_dim, config.q_lora_rank, config.kv_lora_rank,
-                modules, vllm_config.cache_config, attn_quant, prefix,
+                D,
+                H,
+                self.nope**-0.5,
+                self.nope,
+                0,
+                self.v_dim,
+                config.q_lora_rank,
+                config.kv_lora_rank,
+                modules,
+                vllm_config.cache_config,
+                attn_quant,
+                prefix,
             )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -482,7 +549,12 @@ class Glm5NextDecoderLayer(nn.Module):
             self.self_attn = Glm5NextMLA(config, vllm_config, attn_prefix, par=par)
         quant = vllm_config.quant_config
         self.mlp = decoder_mlp(
-            config, layer_idx, par, layer_quant_config(quant), f"{prefix}.mlp", fp8_spec=checkpoint_fp8_spec(quant),
+            config,
+            layer_idx,
+            par,
+            layer_quant_config(quant),
+            f"{prefix}.mlp",
+            fp8_spec=checkpoint_fp8_spec(quant),
             moe_op=switches.moe_op,
         )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -563,7 +635,9 @@ def _check_checkpoint_config(vllm_config: VllmConfig, text, prefix_caching: bool
         if getattr(text, name, None) != getattr(checked, name)
     ]
     if differ:
-        raise ConfigCheckError("the vendored reading of config.json differs from vLLM's parsed config:\n  - " + "\n  - ".join(differ))
+        raise ConfigCheckError(
+            "the vendored reading of config.json differs from vLLM's parsed config:\n  - " + "\n  - ".join(differ)
+        )
     return report
 
 
@@ -590,7 +664,9 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         prefix_caching = bool(getattr(cache, "enable_prefix_caching", False))
         # Refuse prefix caching (and anything else the port cannot serve) at construction.
         self.par = from_vllm(vllm_config)
-        validate_config(text, tp_size=self.par.size, prefix_caching=prefix_caching, expert_parallel=self.par.expert_parallel)
+        validate_config(
+            text, tp_size=self.par.size, prefix_caching=prefix_caching, expert_parallel=self.par.expert_parallel
+        )
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
         # Block FP8: the reference path's spec (CPU) or vLLM's Fp8Config's (HPU); see fp8_config.
         self.fp8_spec = checkpoint_fp8_spec(vllm_config.quant_config)
@@ -603,7 +679,9 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         self.config = hf
         self.text_config = text
         self.model = _Container()
-        self.model.language_model = Glm5NextTextModel(text, vllm_config, "model.language_model", self.switches, self.par)
+        self.model.language_model = Glm5NextTextModel(
+            text, vllm_config, "model.language_model", self.switches, self.par
+        )
         vision_cfg = getattr(hf, "vision_config", None)
         if self.switches.vision and vision_cfg is not None:
             self.model.visual = VisionModel(vision_cfg)

@@ -20,13 +20,12 @@
 from __future__ import annotations
 
 import math
-from functools import cached_property
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import torch
 from transformers import BatchFeature
-
 from vllm.config.multimodal import BaseDummyOptions
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import MultiModalDataDict
@@ -54,7 +53,11 @@ class ImageInputError(ValueError):
 
 
 #: processor settings that fix the patch geometry the tower was built for (config.json)
-GEOMETRY = {"patch_size": "patch_size", "temporal_patch_size": "temporal_patch_size", "merge_size": "spatial_merge_size"}
+GEOMETRY = {
+    "patch_size": "patch_size",
+    "temporal_patch_size": "temporal_patch_size",
+    "merge_size": "spatial_merge_size",
+}
 
 
 def check_geometry_kwargs(mm_kwargs: Mapping[str, object], vision_config) -> None:
@@ -62,10 +65,14 @@ def check_geometry_kwargs(mm_kwargs: Mapping[str, object], vision_config) -> Non
     was not built for: they would reach the engine as tensors of the wrong shape."""
     for key, field in GEOMETRY.items():
         if key in mm_kwargs and int(mm_kwargs[key]) != int(getattr(vision_config, field)):
-            raise ImageInputError(f"mm_processor_kwargs {key}={mm_kwargs[key]!r}: the vision tower takes {field} "
-                                  f"{getattr(vision_config, field)} (config.json)")
+            raise ImageInputError(
+                f"mm_processor_kwargs {key}={mm_kwargs[key]!r}: the vision tower takes {field} "
+                f"{getattr(vision_config, field)} (config.json)"
+            )
     if int(mm_kwargs.get("patch_expand_factor", 1)) != 1:
-        raise ImageInputError(f"mm_processor_kwargs patch_expand_factor={mm_kwargs['patch_expand_factor']!r}: only 1 is served")
+        raise ImageInputError(
+            f"mm_processor_kwargs patch_expand_factor={mm_kwargs['patch_expand_factor']!r}: only 1 is served"
+        )
 
 
 def check_processed_images(pixel_values: torch.Tensor, grids, vision_config, cap: int) -> None:
@@ -73,17 +80,23 @@ def check_processed_images(pixel_values: torch.Tensor, grids, vision_config, cap
     vc = vision_config
     width = int(vc.in_channels) * int(vc.temporal_patch_size) * int(vc.patch_size) ** 2
     if pixel_values.shape[-1] != width:
-        raise ImageInputError(f"the image processor's patches have {pixel_values.shape[-1]} values, the vision tower takes "
-                              f"{width} (in_channels * temporal_patch_size * patch_size**2 of config.json)")
+        raise ImageInputError(
+            f"the image processor's patches have {pixel_values.shape[-1]} values, the vision tower takes "
+            f"{width} (in_channels * temporal_patch_size * patch_size**2 of config.json)"
+        )
     merge = int(vc.spatial_merge_size)
     for i, grid in enumerate(grids):
         t, h, w = (int(x) for x in grid)
         if h % merge or w % merge:
-            raise ImageInputError(f"image {i}: a grid of {h} x {w} patches does not divide into {merge} x {merge} merge windows")
+            raise ImageInputError(
+                f"image {i}: a grid of {h} x {w} patches does not divide into {merge} x {merge} merge windows"
+            )
         n = image_tokens(grid, merge)
         if n > cap:
-            raise ImageInputError(f"image {i} would add {n} tokens, above the cap of {cap} (GLM5_NEXT_IMAGE_MAX_TOKENS, "
-                                  "or the checkpoint processor's max_image_tokens if lower); it was not resized to fit")
+            raise ImageInputError(
+                f"image {i} would add {n} tokens, above the cap of {cap} (GLM5_NEXT_IMAGE_MAX_TOKENS, "
+                "or the checkpoint processor's max_image_tokens if lower); it was not resized to fit"
+            )
 
 
 def image_tokens(grid_thw, merge: int) -> int:
@@ -157,14 +170,21 @@ class Glm5NextDummyInputsBuilder(BaseDummyInputsBuilder[Glm5NextProcessingInfo])
         size = self.info.get_image_size_with_most_features()
         return {
             IMAGE: self._get_dummy_images(
-                width=size.width, height=size.height, num_images=mm_counts.get(IMAGE, 0), overrides=mm_options.get(IMAGE)
+                width=size.width,
+                height=size.height,
+                num_images=mm_counts.get(IMAGE, 0),
+                overrides=mm_options.get(IMAGE),
             )
         }
 
 
 class Glm5NextMultiModalProcessor(BaseMultiModalProcessor[Glm5NextProcessingInfo]):
     def _call_hf_processor(
-        self, prompt: str, mm_data: Mapping[str, object], mm_kwargs: Mapping[str, object], tok_kwargs: Mapping[str, object]
+        self,
+        prompt: str,
+        mm_data: Mapping[str, object],
+        mm_kwargs: Mapping[str, object],
+        tok_kwargs: Mapping[str, object],
     ) -> BatchFeature:
         if not mm_data:
             ids = self.info.get_tokenizer().encode(prompt, add_special_tokens=False)
@@ -191,7 +211,10 @@ class Glm5NextMultiModalProcessor(BaseMultiModalProcessor[Glm5NextProcessingInfo
         )
 
     def _get_prompt_updates(
-        self, mm_items: MultiModalDataItems, hf_processor_mm_kwargs: Mapping[str, Any], out_mm_kwargs: MultiModalKwargsItems
+        self,
+        mm_items: MultiModalDataItems,
+        hf_processor_mm_kwargs: Mapping[str, Any],
+        out_mm_kwargs: MultiModalKwargsItems,
     ) -> Sequence[PromptUpdate]:
         image_token_id = int(self.info.get_hf_config().image_token_id)
         merge = self.info.merge_size
@@ -216,7 +239,9 @@ class Glm5NextImageModelMixin(SupportsMultiModal):
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
         if modality.startswith(IMAGE):
             return IMAGE_PLACEHOLDER
-        raise ValueError(f"GLM-5.3-Flash (glm5_next_hpu) serves text and images only; {modality} input is not supported")
+        raise ValueError(
+            f"GLM-5.3-Flash (glm5_next_hpu) serves text and images only; {modality} input is not supported"
+        )
 
     def get_language_model(self) -> torch.nn.Module:
         return self.model.language_model

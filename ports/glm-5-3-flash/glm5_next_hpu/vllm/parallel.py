@@ -115,8 +115,16 @@ class ColumnLinear(nn.Linear):
 
 
 def make_linear(
-    kind: str, in_features: int, out_features: int, par: Parallel, what: str, *, bias: bool = False,
-    reduce: bool = True, quant_config=None, prefix: str = "",
+    kind: str,
+    in_features: int,
+    out_features: int,
+    par: Parallel,
+    what: str,
+    *,
+    bias: bool = False,
+    reduce: bool = True,
+    quant_config=None,
+    prefix: str = "",
 ) -> nn.Module:
     """A ``column``, ``row`` or ``replicated`` projection named ``prefix`` (the checkpoint's module
     name, which the quantization config matches against modules_to_not_convert)."""
@@ -124,7 +132,15 @@ def make_linear(
         from .quant_linear import Glm5NextQuantLinear
 
         return Glm5NextQuantLinear(
-            kind, in_features, out_features, par, what, bias=bias, reduce=reduce, quant_config=quant_config, prefix=prefix
+            kind,
+            in_features,
+            out_features,
+            par,
+            what,
+            bias=bias,
+            reduce=reduce,
+            quant_config=quant_config,
+            prefix=prefix,
         )
     if kind == "column":
         return ColumnLinear(in_features, out_features, par, what, bias=bias)
@@ -178,13 +194,24 @@ class LMHead(nn.Module):
 class ParallelMLP(nn.Module):
     """SwiGLU with the clamp; gate/up column-parallel, down row-parallel (dense MLP, shared expert)."""
 
-    def __init__(self, hidden: int, intermediate: int, limit: float, par: Parallel, reduce: bool = True,
-                 what: str = "intermediate_size", quant_config=None, prefix: str = ""):
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        limit: float,
+        par: Parallel,
+        reduce: bool = True,
+        what: str = "intermediate_size",
+        quant_config=None,
+        prefix: str = "",
+    ):
         super().__init__()
         q = dict(quant_config=quant_config)
         self.gate_proj = make_linear("column", hidden, intermediate, par, what, prefix=f"{prefix}.gate_proj", **q)
         self.up_proj = make_linear("column", hidden, intermediate, par, what, prefix=f"{prefix}.up_proj", **q)
-        self.down_proj = make_linear("row", intermediate, hidden, par, what, reduce=reduce, prefix=f"{prefix}.down_proj", **q)
+        self.down_proj = make_linear(
+            "row", intermediate, hidden, par, what, reduce=reduce, prefix=f"{prefix}.down_proj", **q
+        )
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -217,16 +244,17 @@ class ParallelExperts(nn.Module):
     same parameters under FusedMoE's names and hands them to vllm-gaudi's FP8 MoE op after loading
     (``moe_op``, no clamp); ``quant_config`` is then vLLM's ``Fp8Config``."""
 
-    def __init__(self, config, par: Parallel, fp8_block: tuple[int, int] | None = None, op: str = "exact",
-                 quant_config=None):
+    def __init__(
+        self, config, par: Parallel, fp8_block: tuple[int, int] | None = None, op: str = "exact", quant_config=None
+    ):
         super().__init__()
-        E, D, I = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        E, D, moe_inter = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
         if par.expert_parallel:
             self.count = divide(E, par.size, "n_routed_experts", "expert-parallel")
-            self.start, inter, dims = par.rank * self.count, I, (None, None)
+            self.start, inter, dims = par.rank * self.count, moe_inter, (None, None)
         else:
             self.count, self.start = E, 0
-            inter, dims = divide(I, par.size, "moe_intermediate_size"), (0, 1)
+            inter, dims = divide(moe_inter, par.size, "moe_intermediate_size"), (0, 1)
         # Shard dims are of the per-expert checkpoint tensors: gate/up [I, D] on 0, down [D, I] on 1
         # (a scale's block rows / columns narrow with its weight's).
         self.fp8_block = fp8_block
@@ -245,6 +273,7 @@ class ParallelExperts(nn.Module):
                         f"{par.expert_parallel}) is not a multiple of the FP8 block {what} ({block}); the expert "
                         "scales cannot be stacked per rank"
                     )
+
             def held(dtype, *shape, dim):
                 return _mark(nn.Parameter(torch.zeros(self.count, *shape, dtype=dtype), requires_grad=False), dim)
 
@@ -337,7 +366,6 @@ class ParallelExperts(nn.Module):
             out.index_add_(0, tok, (y * weights[tok, slot, None]).to(x.dtype))
         return out
 
-
     @torch.no_grad()
     def clamp_binding(self, x: torch.Tensor, ids: torch.Tensor) -> dict[str, int]:
         """How often the SwiGLU clamp changes a value, over this rank's routed (token, expert) pairs:
@@ -369,14 +397,23 @@ class ParallelExperts(nn.Module):
             experts = torch.arange(first, last, device=x.device)
             routed = (local.unsqueeze(-1) == experts).any(1).t().unsqueeze(-1)  # [c, T, 1]
             counts += torch.stack(
-                [((gate > self.limit) & routed).sum(), ((up.abs() > self.limit) & routed).sum(), routed.sum() * gate.shape[-1]]
+                [
+                    ((gate > self.limit) & routed).sum(),
+                    ((up.abs() > self.limit) & routed).sum(),
+                    routed.sum() * gate.shape[-1],
+                ]
             )
         return counts
 
 
 class ParallelMoE(nn.Module):
     def __init__(
-        self, config, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None,
+        self,
+        config,
+        par: Parallel,
+        quant_config=None,
+        prefix: str = "",
+        fp8_spec: BlockFp8Spec | None = None,
         moe_op: str = "exact",
     ):
         super().__init__()
@@ -394,8 +431,13 @@ class ParallelMoE(nn.Module):
             check_layer(prefix, quant_config, fp8_spec, skipped, config.hidden_size)
         self.experts = ParallelExperts(config, par, fp8_block, op=moe_op, quant_config=quant_config)
         self.shared_experts = ParallelMLP(
-            config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.swiglu_limit, par,
-            reduce=False, what="moe_intermediate_size * n_shared_experts", quant_config=quant_config,
+            config.hidden_size,
+            config.moe_intermediate_size * config.n_shared_experts,
+            config.swiglu_limit,
+            par,
+            reduce=False,
+            what="moe_intermediate_size * n_shared_experts",
+            quant_config=quant_config,
             prefix=f"{prefix}.shared_experts",
         )
 
@@ -417,7 +459,12 @@ class ParallelMoE(nn.Module):
 
 
 def decoder_mlp(
-    config, layer_idx: int, par: Parallel, quant_config=None, prefix: str = "", fp8_spec: BlockFp8Spec | None = None,
+    config,
+    layer_idx: int,
+    par: Parallel,
+    quant_config=None,
+    prefix: str = "",
+    fp8_spec: BlockFp8Spec | None = None,
     moe_op: str = "exact",
 ) -> nn.Module:
     """``prefix``: the MLP's module name (``model.language_model.layers.<i>.mlp``). ``fp8_spec``: the
@@ -425,5 +472,6 @@ def decoder_mlp(
     ``moe_op``: GLM5_NEXT_MOE_OP (the routed experts' op)."""
     if config.mlp_layer_types[layer_idx] == "sparse":
         return ParallelMoE(config, par, quant_config, prefix, fp8_spec, moe_op)
-    return ParallelMLP(config.hidden_size, config.intermediate_size, config.swiglu_limit, par,
-                       quant_config=quant_config, prefix=prefix)
+    return ParallelMLP(
+        config.hidden_size, config.intermediate_size, config.swiglu_limit, par, quant_config=quant_config, prefix=prefix
+    )

@@ -66,8 +66,10 @@ def main() -> int:
         emu = op.sinkhorn_tpc_order(comb, ITERS, EPS)
         n_emu = int((emu != got).sum())
         n_ref = int((ref != got).sum())
-        print(f"rows {rows:5d}: kernel vs stock loop on card {'identical' if same else f'{n_ref} elements differ (max {float((ref - got).abs().max()):.3g})'}; "
-              f"kernel vs CPU emulation {n_emu} elements differ")
+        print(
+            f"rows {rows:5d}: kernel vs stock loop on card {'identical' if same else f'{n_ref} elements differ (max {float((ref - got).abs().max()):.3g})'}; "
+            f"kernel vs CPU emulation {n_emu} elements differ"
+        )
         failed += not same
     print("sinkhorn gate:", "pass" if not failed else f"FAIL ({failed} row counts differ)")
     return 0 if not failed else 1

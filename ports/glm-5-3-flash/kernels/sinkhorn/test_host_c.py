@@ -35,8 +35,18 @@ def kernel(tmp_path_factory):
         pytest.skip("no C compiler on this machine")
     lib = tmp_path_factory.mktemp("sinkhorn") / "libsinkhorn_host.so"
     # -ffp-contract=off: every add and multiply rounds on its own, as build.sh compiles the kernel.
-    cmd = [cc, "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-Wno-unknown-pragmas", "-Wno-psabi",
-           "-o", str(lib), str(HERE / "host" / "host_driver.c")]
+    cmd = [
+        cc,
+        "-O2",
+        "-ffp-contract=off",
+        "-fPIC",
+        "-shared",
+        "-Wno-unknown-pragmas",
+        "-Wno-psabi",
+        "-o",
+        str(lib),
+        str(HERE / "host" / "host_driver.c"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     so = ctypes.CDLL(str(lib))
@@ -89,8 +99,9 @@ def test_the_reference_loop_is_not_the_kernel(kernel):
 
 @pytest.mark.parametrize("tpc_order, calls", [(True, 1), (False, 0)], ids=["kernel", "torch"])
 def test_the_switch_calls_the_op(tpc_order, calls):
-    from glm5_next_hpu.mhc import hc_pre
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from glm5_next_hpu.mhc import hc_pre
 
     class Calls(TorchDispatchMode):
         n = 0

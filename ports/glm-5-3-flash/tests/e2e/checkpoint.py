@@ -55,23 +55,37 @@ def build(path: Path, seed: int = 0):
     tok.add_special_tokens(list(specials))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="w0")
     # The processor class wants its video processor too; the port serves no video (vLLM refuses it).
-    processor = Glm5NextProcessor(image_processor=Glm5NextImageProcessor(), tokenizer=fast,
-                                  video_processor=Glm5NextVideoProcessor())
+    processor = Glm5NextProcessor(
+        image_processor=Glm5NextImageProcessor(), tokenizer=fast, video_processor=Glm5NextVideoProcessor()
+    )
     processor.save_pretrained(path)  # the tokenizer files and processor_config.json
     return model, cfg
 
 
 # Chat markers of the port's serving template (serving/chat_template.jinja) and of vLLM's glm47
 # tool / glm45 reasoning parsers, on ids no test prompt uses.
-CHAT_TOKENS = {"[gMASK]": 240, "<sop>": 241, "<|system|>": 242, "<|user|>": 243, "<|assistant|>": 244,
-               "<think>": 251, "</think>": 252, "<|observation|>": 253, "<tool_call>": 254, "</tool_call>": 255}
+CHAT_TOKENS = {
+    "[gMASK]": 240,
+    "<sop>": 241,
+    "<|system|>": 242,
+    "<|user|>": 243,
+    "<|assistant|>": 244,
+    "<think>": 251,
+    "</think>": 252,
+    "<|observation|>": 253,
+    "<tool_call>": 254,
+    "</tool_call>": 255,
+}
 
 
 def special_tokens(cfg) -> dict[str, int]:
     return {
-        "<|image|>": cfg.image_token_id, "<|begin_of_image|>": cfg.image_start_token_id,
-        "<|end_of_image|>": cfg.image_end_token_id, "<|video|>": cfg.video_token_id,
-        "<|begin_of_video|>": cfg.video_start_token_id, "<|end_of_video|>": cfg.video_end_token_id,
+        "<|image|>": cfg.image_token_id,
+        "<|begin_of_image|>": cfg.image_start_token_id,
+        "<|end_of_image|>": cfg.image_end_token_id,
+        "<|video|>": cfg.video_token_id,
+        "<|begin_of_video|>": cfg.video_start_token_id,
+        "<|end_of_video|>": cfg.video_end_token_id,
         **CHAT_TOKENS,
     }
 
@@ -136,9 +150,15 @@ def reference_greedy(ref, path, ids: list[int], images: list, new_tokens: int, m
     px = proc(images, return_tensors="pt", **kw)
     full = expand_image_tokens(ids, px["image_grid_thw"], ref.config.image_token_id)
     with torch.no_grad():
-        out = ref.generate(torch.tensor([full]), pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"],
-                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    return full, out[0, len(full):].tolist()
+        out = ref.generate(
+            torch.tensor([full]),
+            pixel_values=px["pixel_values"],
+            image_grid_thw=px["image_grid_thw"],
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+        )
+    return full, out[0, len(full) :].tolist()
 
 
 # ----------------------------------------------------------------------------- block-FP8 variant
@@ -203,7 +223,9 @@ def build_fp8(src: Path, dst: Path, cfg, block: tuple[int, int] = FP8_BLOCK) -> 
     return qc
 
 
-def dequantize_with_transformers(fp8_dir: Path, dst: Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def dequantize_with_transformers(
+    fp8_dir: Path, dst: Path, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """The FP8 checkpoint dequantized by transformers 5.23.0's own ``Fp8Dequantize`` (the op its
     FP8 integration runs with ``dequantize=True``), written as a plain checkpoint at ``dst`` (no
     quantization_config). Returns the dequantized tensors by key."""

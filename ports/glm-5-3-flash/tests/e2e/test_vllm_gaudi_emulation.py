@@ -77,12 +77,29 @@ def tree(tmp_path_factory):
     py = str(trees.fixpack_python())
     env = dict(os.environ, COOKBOOK=str(REPO), PYTHON=py, GLM5_NEXT_MHC_SINKHORN="torch")
     env.pop("PYTHONPATH", None)
-    install = subprocess.run(["bash", str(PORT / "install.sh"), "--root", str(dest), "--no-plugin"],
-                             capture_output=True, text=True, env=env, timeout=900)
+    install = subprocess.run(
+        ["bash", str(PORT / "install.sh"), "--root", str(dest), "--no-plugin"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-    launch = subprocess.run([py, str(REPO / "fixes" / "apply_all.py"), "--profile", "v0.26.0",
-                             "glm47-streaming-text-markers", "--root", str(dest)],
-                            capture_output=True, text=True, env=env, timeout=900)
+    launch = subprocess.run(
+        [
+            py,
+            str(REPO / "fixes" / "apply_all.py"),
+            "--profile",
+            "v0.26.0",
+            "glm47-streaming-text-markers",
+            "--root",
+            str(dest),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
     return dest
 
@@ -214,7 +231,11 @@ def _refused_at_start(tree, path, monkeypatch, prefix_caching=False, **switches)
         monkeypatch.setenv(name, str(value))
     args = ["--tree", str(tree), "--model", str(path), "--prompts", json.dumps(ck.prompt_ids(1)), "--lazy"]
     args += ["--max-tokens", "2", "--plugin", PLUGIN, "--path", str(PORT)]
-    for item in ("dtype=bfloat16", "mamba_ssm_cache_dtype=float32", f"enable_prefix_caching={str(prefix_caching).lower()}"):
+    for item in (
+        "dtype=bfloat16",
+        "mamba_ssm_cache_dtype=float32",
+        f"enable_prefix_caching={str(prefix_caching).lower()}",
+    ):
         args += ["--engine-arg", item]
     proc, result = generate.run(args)
     assert result is None and proc.returncode != 0
@@ -300,6 +321,7 @@ def _seed_switches() -> tuple[dict[str, str], dict[str, str]]:
     declared reference value (port.yaml), a bool without one at 0; a switch with neither keeps its
     recipe value (GLM5_NEXT_IMAGE_MAX_TOKENS: a cap on image tokens, no text prompt reaches it)."""
     import yaml
+
     from glm5_next_hpu.switches import load_spec
 
     on = {k: str(v) for k, v in yaml.safe_load(RECIPE.read_text())["switches"].items()}
@@ -462,8 +484,10 @@ def test_fused_moe_layer_equals_exact_where_the_clamp_does_not_bind(fused_layer)
         swapped.append(_rel(r["fused"], r["swapped"]))
         assert swapped[-1] > 0.5, (force, name)  # the layout is seen
         assert _rel(r["layer_fused"], r["layer_exact"]) <= FUSED_TOL[force], (force, name)
-    print(f"fused vs exact, clamp not binding, relative error per placement: per-channel {errors[True]}, "
-          f"block {errors[False]}; vs the [up; gate] layout {swapped}")
+    print(
+        f"fused vs exact, clamp not binding, relative error per placement: per-channel {errors[True]}, "
+        f"block {errors[False]}; vs the [up; gate] layout {swapped}"
+    )
 
 
 def test_fused_moe_layer_parts_from_exact_where_the_clamp_binds_and_the_clamp_explains_it(fused_layer):
@@ -474,9 +498,11 @@ def test_fused_moe_layer_parts_from_exact_where_the_clamp_binds_and_the_clamp_ex
     assert limit == 10.0
     for (force, name), c in fused_layer["cases"].items():
         r = c["outputs"]["x8"]
-        print(f"clamp binding, x 8, {'per-channel' if force else 'block'} {name}: exact {r['binding']}, on the op's "
-              f"weights {r['fused_binding']}; fused vs exact {_rel(r['fused'], r['exact']):.4f}, exact vs unclamped "
-              f"{_rel(r['exact'], r['unclamped']):.4f}, fused vs unclamped {_rel(r['fused'], r['unclamped']):.4f}")
+        print(
+            f"clamp binding, x 8, {'per-channel' if force else 'block'} {name}: exact {r['binding']}, on the op's "
+            f"weights {r['fused_binding']}; fused vs exact {_rel(r['fused'], r['exact']):.4f}, exact vs unclamped "
+            f"{_rel(r['exact'], r['unclamped']):.4f}, fused vs unclamped {_rel(r['fused'], r['unclamped']):.4f}"
+        )
         b = r["binding"]
         assert b["gate_above"] > 0 and b["up_outside"] > 0, (name, b)
         # counted on the weights the op holds (requantized per channel, or the block bytes), the same
@@ -500,7 +526,9 @@ def test_fused_moe_op_is_refused_for_an_unquantized_checkpoint_through_vllm_gaud
 
 
 def _parting(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
-    return [next((i for i, (x, y) in enumerate(zip(p, q, strict=True)) if x != y), None) for p, q in zip(a, b, strict=True)]
+    return [
+        next((i for i, (x, y) in enumerate(zip(p, q, strict=True)) if x != y), None) for p, q in zip(a, b, strict=True)
+    ]
 
 
 def test_block_fp8_fused_moe_op_against_exact(tree, fp8_ckpt, monkeypatch):

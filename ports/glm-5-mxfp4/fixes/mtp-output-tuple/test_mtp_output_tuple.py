@@ -26,7 +26,11 @@ class PairMTP:
     def __call__(self, input_ids, positions, hidden_states, inputs_embeds=None, attn_metadata=None):
         self.calls.append(hidden_states.clone())
         t = self.torch
-        emb = t.nn.functional.one_hot(input_ids.reshape(-1).long() % HIDDEN, HIDDEN).to(t.float32).reshape(*input_ids.shape, HIDDEN)
+        emb = (
+            t.nn.functional.one_hot(input_ids.reshape(-1).long() % HIDDEN, HIDDEN)
+            .to(t.float32)
+            .reshape(*input_ids.shape, HIDDEN)
+        )
         pre = hidden_states + emb
         post = pre / (pre.norm(dim=-1, keepdim=True) + 1.0)
         return pre, post

@@ -8,7 +8,7 @@ the Gaudi bridge is stubbed; the fused MXFP4 kernel itself runs on a card (the p
 
 import pytest
 
-E, H, I = 8, 64, 32  # experts, hidden, intermediate (both multiples of the 32-element block)
+E, H, M = 8, 64, 32  # experts, hidden, intermediate (both multiples of the 32-element block)
 
 
 def moe_config(ep_size=1, ep_rank=0, num_experts=E):
@@ -16,13 +16,34 @@ def moe_config(ep_size=1, ep_rank=0, num_experts=E):
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType
 
-    par = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=1, ep_size=ep_size, tp_rank=0, pcp_rank=0, dp_rank=0,
-                                 ep_rank=ep_rank, sp_size=1, use_ep=ep_size > 1, all2all_backend="naive", enable_eplb=False)
+    par = FusedMoEParallelConfig(
+        tp_size=1,
+        pcp_size=1,
+        dp_size=1,
+        ep_size=ep_size,
+        tp_rank=0,
+        pcp_rank=0,
+        dp_rank=0,
+        ep_rank=ep_rank,
+        sp_size=1,
+        use_ep=ep_size > 1,
+        all2all_backend="naive",
+        enable_eplb=False,
+    )
     local = num_experts // ep_size
-    return FusedMoEConfig(num_experts=num_experts, experts_per_token=2, hidden_dim=H, intermediate_size=I,
-                          num_local_experts=local, num_logical_experts=num_experts, activation=MoEActivation.SILU,
-                          device="cpu", routing_method=RoutingMethodType.DeepSeekV3, moe_parallel_config=par,
-                          in_dtype=torch.bfloat16)
+    return FusedMoEConfig(
+        num_experts=num_experts,
+        experts_per_token=2,
+        hidden_dim=H,
+        intermediate_size=M,
+        num_local_experts=local,
+        num_logical_experts=num_experts,
+        activation=MoEActivation.SILU,
+        device="cpu",
+        routing_method=RoutingMethodType.DeepSeekV3,
+        moe_parallel_config=par,
+        in_dtype=torch.bfloat16,
+    )
 
 
 @pytest.fixture()
@@ -47,11 +68,12 @@ def mx(tree, monkeypatch):
 def packed_layer(method, ep_size=1, ep_rank=0):
     """A MoE layer with the parameters vLLM's create_weights makes, filled as the loader would
     fill them from the converter's per-expert keys (distinct bytes per expert and tensor)."""
-    import torch
     from types import SimpleNamespace
 
+    import torch
+
     layer = torch.nn.Module()
-    method.create_weights(layer, E // ep_size, H, I, torch.bfloat16, weight_loader=None)
+    method.create_weights(layer, E // ep_size, H, M, torch.bfloat16, weight_loader=None)
     g = torch.Generator().manual_seed(ep_rank)
     for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"):
         p = getattr(layer, name)
@@ -78,15 +100,19 @@ def test_the_hpu_op_takes_each_experts_packed_weights_and_scales(mx):
     method = mxfp4.Mxfp4Config()._make_moe_method(moe_config())
     layer = packed_layer(method)
     # vLLM's own layout for this format: uint8 pairs along the input axis, one E8M0 per 32, no bias
-    assert layer.w13_weight.shape == (E, 2 * I, H // 2) and layer.w13_weight_scale.shape == (E, 2 * I, H // 32)
-    assert layer.w2_weight.shape == (E, H, I // 2) and layer.w2_weight_scale.shape == (E, H, I // 32)
+    assert layer.w13_weight.shape == (E, 2 * M, H // 2) and layer.w13_weight_scale.shape == (E, 2 * M, H // 32)
+    assert layer.w2_weight.shape == (E, H, M // 2) and layer.w2_weight_scale.shape == (E, H, M // 32)
     assert not hasattr(layer, "w13_bias")
     method.process_weights_after_loading(layer)
     op = layer.moe_op
     assert (op.experts_min, op.experts_max, op.has_bias, op.block_size) == (0, E - 1, False, 32)
     for e in range(E):
-        assert torch.equal(op.w13_list[e].weight, layer.w13_weight[e]) and torch.equal(op.w13_list[e].scale, layer.w13_weight_scale[e])
-        assert torch.equal(op.w2_list[e].weight, layer.w2_weight[e]) and torch.equal(op.w2_list[e].scale, layer.w2_weight_scale[e])
+        assert torch.equal(op.w13_list[e].weight, layer.w13_weight[e]) and torch.equal(
+            op.w13_list[e].scale, layer.w13_weight_scale[e]
+        )
+        assert torch.equal(op.w2_list[e].weight, layer.w2_weight[e]) and torch.equal(
+            op.w2_list[e].scale, layer.w2_weight_scale[e]
+        )
 
 
 @pytest.mark.red_raises("NotImplementedError")

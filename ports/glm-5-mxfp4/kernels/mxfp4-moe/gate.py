@@ -29,6 +29,7 @@ from pathlib import Path
 
 import op  # this script's folder is first on sys.path
 import torch
+
 from glm5_hpu import moe_mxfp4, mxk
 
 GEMV_SHAPES = [(2048, 6144), (6144, 1024), (64, 96), (128, 160)]  # (N, K)

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 import torch
+
 from glm5_hpu import mxk
 
 HERE = Path(__file__).resolve().parent

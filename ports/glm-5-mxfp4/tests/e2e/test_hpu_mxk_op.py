@@ -73,10 +73,19 @@ class StockMxfp4(torch.nn.Module):
     def forward(self, x, ids, weights, permuted_weights=True, activation="silu"):
         self.calls += 1
         return torch.ops.hpu.mixture_of_experts.mxfp4_fused_weights(
-            x, ids.to(torch.int32), weights, [m.weight for m in self.w13_list], [m.weight for m in self.w2_list],
-            [m.scale for m in self.w13_list], [m.scale for m in self.w2_list], block_size=32,
-            permuted_weights=permuted_weights, activation=activation, experts_min=self.experts_min,
-            experts_max=self.experts_max)
+            x,
+            ids.to(torch.int32),
+            weights,
+            [m.weight for m in self.w13_list],
+            [m.weight for m in self.w2_list],
+            [m.scale for m in self.w13_list],
+            [m.scale for m in self.w2_list],
+            block_size=32,
+            permuted_weights=permuted_weights,
+            activation=activation,
+            experts_min=self.experts_min,
+            experts_max=self.experts_max,
+        )
 
 
 def _ops(experts_min=0, seed=0):
@@ -103,7 +112,14 @@ def test_kernels_resolve_to_their_emulation_here(hpu):
 def test_paths_by_call_size(hpu):
     _, op, _ = _ops()
     assert [op.path(t) for t in (1, 16, 17, 255, 256, 4096, 4097)] == [
-        "gemv", "gemv", "stock", "stock", "unpack", "unpack", "stock"]
+        "gemv",
+        "gemv",
+        "stock",
+        "stock",
+        "unpack",
+        "unpack",
+        "stock",
+    ]
 
 
 def test_prefill_unpack_is_bit_identical_to_the_stock_op(hpu):

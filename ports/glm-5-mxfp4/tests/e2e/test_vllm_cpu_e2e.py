@@ -40,8 +40,16 @@ pytestmark = pytest.mark.slow
 PORT = Path(__file__).resolve().parents[2]
 NEW_TOKENS = 10
 MAX_LEN = 128
-SWITCHES = ("GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT",
-            "GLM_ROUTER_FAST", "GLM_EARLY_DRAFT", "GLM_SPEC_DEVICE_REJECT")
+SWITCHES = (
+    "GLM_DSA_SPARSE",
+    "GLM_MXK",
+    "GLM_MXK_PREFILL",
+    "GLM_MOE_TP",
+    "GLM_MOE_PLACEMENT",
+    "GLM_ROUTER_FAST",
+    "GLM_EARLY_DRAFT",
+    "GLM_SPEC_DEVICE_REJECT",
+)
 # dense reference attention (index_topk = every position); the latent size vLLM 0.30.0 CPU MLA
 # kernels take (kv_lora_rank + qk_rope_head_dim = 576, the real model's)
 OVERRIDES = dict(index_topk=MAX_LEN, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=96)
@@ -56,9 +64,13 @@ def _prompts() -> list[list[int]]:
 def ckpt(tmp_path_factory):
     src = Path(glm_moe_dsa_tiny.make(str(tmp_path_factory.mktemp("src") / "GLM-tiny-BF16"), **OVERRIDES))
     dst = tmp_path_factory.mktemp("dst") / "GLM-tiny-MXFP4"
-    proc = subprocess.run([sys.executable, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
-                          cwd=PORT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": f"{PORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
+        cwd=PORT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{PORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
     assert proc.returncode == 0, proc.stderr
     return src, dst
 
@@ -66,9 +78,10 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference_tokens(ckpt):
     """transformers 5.23.0, float32, routed experts = the converter's dequantization of dst."""
-    from glm5_mxfp4 import mxfp4
     from safetensors import safe_open
     from transformers import GlmMoeDsaForCausalLM
+
+    from glm5_mxfp4 import mxfp4
 
     src, dst = ckpt
     weight_map = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
@@ -100,16 +113,24 @@ def reference_tokens(ckpt):
 def _engine(dst, **kw):
     from vllm import LLM
 
-    args = dict(model=str(dst), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-                enable_prefix_caching=False, max_model_len=MAX_LEN, max_num_seqs=4,
-                # vLLM 0.30.0 turns chunked prefill off for MLA on CPU; with a step budget below
-                # the longest prompt, speculative decoding then never schedules it (the engine
-                # spins), so the budget holds any prompt
-                max_num_batched_tokens=MAX_LEN, seed=0,
-                # vLLM's reference MLA on CPU. Where the CPU has AMX tiles vLLM 0.30.0 prefers its
-                # AMX MLA backend, whose packed weights need 32-wide input features; the tiny
-                # model's heads are 16 wide ("invalid weight input features 16", Intel Xeon here)
-                attention_backend="CPU_MLA")
+    args = dict(
+        model=str(dst),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        max_model_len=MAX_LEN,
+        max_num_seqs=4,
+        # vLLM 0.30.0 turns chunked prefill off for MLA on CPU; with a step budget below
+        # the longest prompt, speculative decoding then never schedules it (the engine
+        # spins), so the budget holds any prompt
+        max_num_batched_tokens=MAX_LEN,
+        seed=0,
+        # vLLM's reference MLA on CPU. Where the CPU has AMX tiles vLLM 0.30.0 prefers its
+        # AMX MLA backend, whose packed weights need 32-wide input features; the tiny
+        # model's heads are 16 wide ("invalid weight input features 16", Intel Xeon here)
+        attention_backend="CPU_MLA",
+    )
     args.update(kw)
     return LLM(**args)
 
@@ -129,12 +150,14 @@ def llm(ckpt):
 
 
 def test_resolved_through_the_plugin_with_mxfp4_experts_and_dense_attention(llm):
-    info = llm.apply_model(lambda m: (
-        type(m).__module__ + ":" + type(m).__name__,
-        sorted({type(mod.quant_method).__name__ for mod in m.modules() if type(mod).__name__ == "RoutedExperts"}),
-        sum(1 for name, _ in m.named_modules() if name.endswith(".indexer")),
-        [str(p.dtype) for n, p in m.named_parameters() if n.endswith("experts.w13_weight")],
-    ))[0]
+    info = llm.apply_model(
+        lambda m: (
+            type(m).__module__ + ":" + type(m).__name__,
+            sorted({type(mod.quant_method).__name__ for mod in m.modules() if type(mod).__name__ == "RoutedExperts"}),
+            sum(1 for name, _ in m.named_modules() if name.endswith(".indexer")),
+            [str(p.dtype) for n, p in m.named_parameters() if n.endswith("experts.w13_weight")],
+        )
+    )[0]
     assert info[0] == "glm5_hpu.vllm_cpu:GlmMoeDsaCpuForCausalLM"
     assert info[1] == ["Mxfp4CpuMoEMethod"]
     assert info[2] == 0  # no DSA indexer built: dense attention
@@ -148,13 +171,20 @@ def test_greedy_tokens_equal_transformers_with_the_same_dequantized_experts(llm,
 
 
 def test_mtp_speculation_with_switches_at_reference_and_a_placement_keeps_greedy_tokens(
-        ckpt, reference_tokens, monkeypatch, tmp_path):
+    ckpt, reference_tokens, monkeypatch, tmp_path
+):
     """MTP on; the switches at their reference values, and GLM_MOE_PLACEMENT naming a random
     permutation of layers 1 and 2 (storage only: the tokens must not change)."""
     for name in SWITCHES:
         monkeypatch.delenv(name, raising=False)
-    for name in ("GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_ROUTER_FAST", "GLM_EARLY_DRAFT",
-                 "GLM_SPEC_DEVICE_REJECT"):
+    for name in (
+        "GLM_DSA_SPARSE",
+        "GLM_MXK",
+        "GLM_MXK_PREFILL",
+        "GLM_ROUTER_FAST",
+        "GLM_EARLY_DRAFT",
+        "GLM_SPEC_DEVICE_REJECT",
+    ):
         monkeypatch.setenv(name, "0")
     monkeypatch.setenv("GLM_MOE_TP", "1")
     g = torch.Generator().manual_seed(3)
@@ -163,12 +193,18 @@ def test_mtp_speculation_with_switches_at_reference_and_a_placement_keeps_greedy
     placement.write_text(json.dumps({"format": "glm5-moe-placement/1", "n_routed_experts": 8, "layers": orders}))
     monkeypatch.setenv("GLM_MOE_PLACEMENT", str(placement))
     # the drafter picks its own attention backend (never the target's): the reference MLA too
-    engine = _engine(ckpt[1], speculative_config={"method": "mtp", "num_speculative_tokens": 1,
-                                                  "attention_backend": "CPU_MLA"},
-                     disable_log_stats=False)
-    stored = engine.apply_model(lambda m: {
-        name: mod.quant_method.experts.experts for name, mod in m.named_modules()
-        if type(mod).__name__ == "RoutedExperts"})[0]
+    engine = _engine(
+        ckpt[1],
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1, "attention_backend": "CPU_MLA"},
+        disable_log_stats=False,
+    )
+    stored = engine.apply_model(
+        lambda m: {
+            name: mod.quant_method.experts.experts
+            for name, mod in m.named_modules()
+            if type(mod).__name__ == "RoutedExperts"
+        }
+    )[0]
     assert stored == {f"model.layers.{k}.mlp.experts.routed_experts": v for k, v in orders.items()}
     got = _generate(engine, _prompts())
     assert got == reference_tokens

@@ -34,18 +34,35 @@ def test_greedy_rejection_matches_the_kernels_rule():
     # three requests: 2 drafts all accepted (bonus appended), 2 drafts rejected at the first,
     # 1 draft of a sampled request (skipped: left as the placeholder)
     out = torch.full((3, 3), -1, dtype=torch.int32)
-    rejection_greedy_sample(out, torch.tensor([2, 4, 5], dtype=torch.int32),
-                            torch.tensor([7, 8, 1, 2, 9], dtype=torch.int32), torch.tensor([7, 8, 3, 2, 4]),
-                            torch.tensor([[11], [12], [13]]), torch.tensor([True, True, False]), 2, None, None)
+    rejection_greedy_sample(
+        out,
+        torch.tensor([2, 4, 5], dtype=torch.int32),
+        torch.tensor([7, 8, 1, 2, 9], dtype=torch.int32),
+        torch.tensor([7, 8, 3, 2, 4]),
+        torch.tensor([[11], [12], [13]]),
+        torch.tensor([True, True, False]),
+        2,
+        None,
+        None,
+    )
     assert out.tolist() == [[7, 8, 11], [3, -1, -1], [-1, -1, -1]]
     with pytest.raises(NotImplementedError, match="synthetic"):
-        rejection_greedy_sample(out, torch.tensor([1]), torch.tensor([1]), torch.tensor([1]), torch.tensor([[1]]),
-                                None, 1, None, torch.tensor([0.5]))
+        rejection_greedy_sample(
+            out,
+            torch.tensor([1]),
+            torch.tensor([1]),
+            torch.tensor([1]),
+            torch.tensor([[1]]),
+            None,
+            1,
+            None,
+            torch.tensor([0.5]),
+        )
 
 
 def test_mxfp4_config_only_takes_the_converters_checkpoints_and_refuses_the_kernel_switch(monkeypatch):
-    from glm5_hpu.vllm_cpu import Glm5Mxfp4CpuConfig, Mxfp4CpuMoEMethod
     from glm5_hpu.switches import SwitchError
+    from glm5_hpu.vllm_cpu import Glm5Mxfp4CpuConfig, Mxfp4CpuMoEMethod
 
     ours = Glm5Mxfp4CpuConfig.from_config({"quant_method": "mxfp4", "converter": "glm5_mxfp4 0.1.0"})
     other = Glm5Mxfp4CpuConfig.from_config({"quant_method": "mxfp4"})

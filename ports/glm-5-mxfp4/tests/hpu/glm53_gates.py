@@ -78,7 +78,7 @@ def document(client: Client, tokens: int, filler: str, codes: dict[str, str]) ->
     per = max(1, client.tokens(filler * 8) // 8)
     n = max(len(DEPTHS) + 1, tokens // per)
     parts = [filler] * n
-    for depth, label in zip(reversed(DEPTHS), reversed(LABELS)):  # from the back, so indices hold
+    for depth, label in zip(reversed(DEPTHS), reversed(LABELS), strict=True):  # from the back, so indices hold
         parts.insert(int(n * depth), needle(label, codes[label]))
     return "".join(parts)
 
@@ -102,14 +102,25 @@ def gate_needles(client: Client, a) -> Result:
         doc = document(client, target, FILLERS[i % 2], codes)
         size = client.tokens(doc)
         for label in LABELS:
-            answer = content_of(client.chat_reply([{"role": "user", "content": doc + "\n\n" + question(label)}],
-                                            temperature=0, max_tokens=a.answer_tokens, chat_template_kwargs=LOW))
+            answer = content_of(
+                client.chat_reply(
+                    [{"role": "user", "content": doc + "\n\n" + question(label)}],
+                    temperature=0,
+                    max_tokens=a.answer_tokens,
+                    chat_template_kwargs=LOW,
+                )
+            )
             others = [c for k, c in codes.items() if k != label]
             ok = codes[label] in answer and not any(c in answer for c in others)
             right += ok
             details.append({"tokens": size, "depth": DEPTHS[LABELS.index(label)], "ok": ok, "answer": answer[-200:]})
     total = len(lengths) * len(LABELS)
-    return result("needles", right == total, {"right": right, "of": total, "tokens": [min(d["tokens"] for d in details), max(d["tokens"] for d in details)]}, details)
+    return result(
+        "needles",
+        right == total,
+        {"right": right, "of": total, "tokens": [min(d["tokens"] for d in details), max(d["tokens"] for d in details)]},
+        details,
+    )
 
 
 # --------------------------------------------------------------------------- GSM8K
@@ -132,34 +143,65 @@ def number(text: str) -> str | None:
 
 def gate_gsm8k(client: Client, a) -> Result:
     if not a.gsm8k:
-        return result("gsm8k", None, {}, ["give --gsm8k FILE: the GSM8K test split as JSONL (question, answer)"], "not run")
+        return result(
+            "gsm8k", None, {}, ["give --gsm8k FILE: the GSM8K test split as JSONL (question, answer)"], "not run"
+        )
     with open(a.gsm8k) as f:
         rows = [json.loads(line) for line in f if line.strip()][: a.gsm8k_count]
     right, details = 0, []
     for row in rows:
         want = number(row["answer"])
-        prompt = row["question"] + "\nSolve it step by step; write the final answer as a number on the last line after '####'."
-        answer = content_of(client.chat_reply([{"role": "user", "content": prompt}], temperature=0,
-                                        max_tokens=a.gsm8k_tokens, chat_template_kwargs=LOW))
+        prompt = (
+            row["question"]
+            + "\nSolve it step by step; write the final answer as a number on the last line after '####'."
+        )
+        answer = content_of(
+            client.chat_reply(
+                [{"role": "user", "content": prompt}],
+                temperature=0,
+                max_tokens=a.gsm8k_tokens,
+                chat_template_kwargs=LOW,
+            )
+        )
         got = number(answer)
         right += got == want
         details.append({"want": want, "got": got, "ok": got == want})
-    return result("gsm8k", right >= a.gsm8k_gate and len(rows) == a.gsm8k_count,
-                  {"right": right, "of": len(rows), "gate": a.gsm8k_gate}, details)
+    return result(
+        "gsm8k",
+        right >= a.gsm8k_gate and len(rows) == a.gsm8k_count,
+        {"right": right, "of": len(rows), "gate": a.gsm8k_gate},
+        details,
+    )
 
 
 # --------------------------------------------------------------------------- tools
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "web_search", "description": "Search the web",
-                                      "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "web_search",
+            "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        },
+    },
 ]
 REQUIRED = {t["function"]["name"]: t["function"]["parameters"]["required"] for t in TOOLS}
 WEATHER = "What is the weather in Paris right now?"
 ROME = "Tell me about the history of Rome."
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "temperature_c": {"type": "number"}},
-          "required": ["city", "temperature_c"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "temperature_c": {"type": "number"}},
+    "required": ["city", "temperature_c"],
+    "additionalProperties": False,
+}
 
 
 def _named(name):
@@ -175,8 +217,12 @@ TOOL_CASES = [
     ("auto-weather", WEATHER, {"tool_choice": "auto"}, ("one", "get_weather")),
     ("auto-no-need", ROME, {"tool_choice": "auto"}, ("none", None)),
     ("none", WEATHER, {"tool_choice": "none"}, ("none", None)),
-    ("json-schema", "Give a plausible current weather report for Paris as JSON.",
-     {"response_format": {"type": "json_schema", "json_schema": {"name": "report", "schema": SCHEMA}}}, ("json", None)),
+    (
+        "json-schema",
+        "Give a plausible current weather report for Paris as JSON.",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "report", "schema": SCHEMA}}},
+        ("json", None),
+    ),
 ]
 
 
@@ -214,7 +260,11 @@ def tool_problem(expect: tuple, message: dict) -> str | None:
             return f"not JSON: {(message.get('content') or '')[:200]!r}"
         if not isinstance(obj, dict) or set(obj) != set(SCHEMA["properties"]):
             return f"keys {sorted(obj) if isinstance(obj, dict) else type(obj).__name__}, schema {sorted(SCHEMA['properties'])}"
-        if not isinstance(obj["city"], str) or isinstance(obj["temperature_c"], bool) or not isinstance(obj["temperature_c"], (int, float)):
+        if (
+            not isinstance(obj["city"], str)
+            or isinstance(obj["temperature_c"], bool)
+            or not isinstance(obj["temperature_c"], (int, float))
+        ):
             return "a value of the wrong type"
         return None
     if not calls:
@@ -245,7 +295,9 @@ def gate_tools(client: Client, a) -> Result:
                 except Exception as exc:  # one request's failure is that case's failure
                     problem = f"{type(exc).__name__}: {exc}"
                 right += problem is None
-                details.append({"case": case, "stream": stream, "sampled": sampled, "ok": problem is None, "problem": problem})
+                details.append(
+                    {"case": case, "stream": stream, "sampled": sampled, "ok": problem is None, "problem": problem}
+                )
     return result("tools", right == len(details), {"right": right, "of": len(details)}, details)
 
 
@@ -267,30 +319,54 @@ def counters(text: str) -> dict[str, float]:
 
 
 PROMPTS = [
-    "Explain how a bicycle gear system works.", "Write a short story about a lighthouse keeper.",
-    "Summarise the causes of the French Revolution.", "Describe how photosynthesis stores energy.",
-    "List ten uses for a paperclip and explain each.", "Explain the difference between TCP and UDP.",
-    "Write a letter to a neighbour about a shared garden.", "How does a refrigerator move heat?",
-    "Describe the water cycle for a ten-year-old.", "Compare merge sort and quicksort.",
-    "What makes a good unit test? Give examples.", "Explain compound interest with a worked example.",
-    "Write a recipe for vegetable soup with steps.", "How do vaccines train the immune system?",
-    "Describe a day in the life of a medieval blacksmith.", "Explain why the sky is blue.",
+    "Explain how a bicycle gear system works.",
+    "Write a short story about a lighthouse keeper.",
+    "Summarise the causes of the French Revolution.",
+    "Describe how photosynthesis stores energy.",
+    "List ten uses for a paperclip and explain each.",
+    "Explain the difference between TCP and UDP.",
+    "Write a letter to a neighbour about a shared garden.",
+    "How does a refrigerator move heat?",
+    "Describe the water cycle for a ten-year-old.",
+    "Compare merge sort and quicksort.",
+    "What makes a good unit test? Give examples.",
+    "Explain compound interest with a worked example.",
+    "Write a recipe for vegetable soup with steps.",
+    "How do vaccines train the immune system?",
+    "Describe a day in the life of a medieval blacksmith.",
+    "Explain why the sky is blue.",
 ]
 
 
 def gate_mtp(client: Client, a) -> Result:
     before = counters(client.get_text("/metrics"))
     for prompt in PROMPTS[: a.mtp_requests]:
-        client.chat_reply([{"role": "user", "content": prompt}], max_tokens=a.mtp_tokens)  # the server's default sampling
+        client.chat_reply(
+            [{"role": "user", "content": prompt}], max_tokens=a.mtp_tokens
+        )  # the server's default sampling
     after = counters(client.get_text("/metrics"))
     drafted = after[SPEC[0]] - before[SPEC[0]]
     accepted = after[SPEC[1]] - before[SPEC[1]]
     drafts = after[SPEC[2]] - before[SPEC[2]]
     if drafted <= 0:
-        return result("mtp", False, {"drafts": drafts}, ["no draft tokens counted: is the server running MTP (--speculative-config)?"])
+        return result(
+            "mtp",
+            False,
+            {"drafts": drafts},
+            ["no draft tokens counted: is the server running MTP (--speculative-config)?"],
+        )
     rate = accepted / drafted
-    return result("mtp", rate >= a.mtp_gate, {"acceptance": round(rate, 3), "drafts": int(drafts), "draft_tokens": int(drafted),
-                                               "accepted_tokens": int(accepted), "gate": a.mtp_gate})
+    return result(
+        "mtp",
+        rate >= a.mtp_gate,
+        {
+            "acceptance": round(rate, 3),
+            "drafts": int(drafts),
+            "draft_tokens": int(drafted),
+            "accepted_tokens": int(accepted),
+            "gate": a.mtp_gate,
+        },
+    )
 
 
 # --------------------------------------------------------------------------- logprobs
@@ -320,8 +396,13 @@ def gate_logprobs(client: Client, a) -> Result:
     for i in range(a.logprobs_requests):
         prompt = PROMPTS[i % len(PROMPTS)]
         try:
-            answer = client.chat_reply([{"role": "user", "content": prompt}], logprobs=True, top_logprobs=a.top_logprobs,
-                                 max_tokens=a.logprobs_tokens, seed=i)
+            answer = client.chat_reply(
+                [{"role": "user", "content": prompt}],
+                logprobs=True,
+                top_logprobs=a.top_logprobs,
+                max_tokens=a.logprobs_tokens,
+                seed=i,
+            )
             problem = logprob_problem(answer, a.top_logprobs)
         except Exception as exc:
             problem = f"{type(exc).__name__}: {exc}"
@@ -338,8 +419,16 @@ def gate_stress(client: Client, a) -> Result:
     def decode(i):
         times, finish, first = [], None, True
         try:
-            for t, chunk in client.stream("/v1/completions", {"model": client.model, "prompt": PROMPTS[i % len(PROMPTS)] * 40,
-                                                              "max_tokens": a.stress_tokens, "ignore_eos": True, "temperature": 0}):
+            for t, chunk in client.stream(
+                "/v1/completions",
+                {
+                    "model": client.model,
+                    "prompt": PROMPTS[i % len(PROMPTS)] * 40,
+                    "max_tokens": a.stress_tokens,
+                    "ignore_eos": True,
+                    "temperature": 0,
+                },
+            ):
                 if first:
                     first = False
                     started.wait()
@@ -371,8 +460,14 @@ def gate_stress(client: Client, a) -> Result:
         doc = document(client, target, FILLERS[j % 2], codes)
         ask = "\n\nList the access codes of the amber, cobalt and scarlet vaults, one per line."
         try:
-            answer = content_of(client.chat_reply([{"role": "user", "content": doc + ask}], temperature=0,
-                                            max_tokens=a.answer_tokens, chat_template_kwargs=LOW))
+            answer = content_of(
+                client.chat_reply(
+                    [{"role": "user", "content": doc + ask}],
+                    temperature=0,
+                    max_tokens=a.answer_tokens,
+                    chat_template_kwargs=LOW,
+                )
+            )
             found[j] = sum(code in answer for code in codes.values())
         except Exception:
             found[j] = 0
@@ -388,21 +483,42 @@ def gate_stress(client: Client, a) -> Result:
     gap = 0.0
     for d in decodes:
         ts = d.get("times") or []
-        gap = max([gap] + [b - x for x, b in zip(ts, ts[1:]) if b >= long_start and x <= long_end])
+        # neighbours (strict=False: ts[1:] is one shorter)
+        gap = max([gap] + [b - x for x, b in zip(ts, ts[1:], strict=False) if b >= long_start and x <= long_end])
     finished = sum(1 for d in decodes if d.get("finish") in ("length", "stop") and not d.get("error"))
     needles = [f or 0 for f in found]
     ok = finished == a.stress_decodes and all(n == len(LABELS) for n in needles)
-    return result("stress", ok, {"finished": finished, "of": a.stress_decodes, "needles": needles,
-                                 "largest_decode_gap_s": round(gap, 3), "long_prompts": list(a.stress_lengths)},
-                  [{"decode": i, "finish": d.get("finish"), "chunks": len(d.get("times") or []), "error": d.get("error")} for i, d in enumerate(decodes)])
+    return result(
+        "stress",
+        ok,
+        {
+            "finished": finished,
+            "of": a.stress_decodes,
+            "needles": needles,
+            "largest_decode_gap_s": round(gap, 3),
+            "long_prompts": list(a.stress_lengths),
+        },
+        [
+            {"decode": i, "finish": d.get("finish"), "chunks": len(d.get("times") or []), "error": d.get("error")}
+            for i, d in enumerate(decodes)
+        ],
+    )
 
 
 # --------------------------------------------------------------------------- greedy
 def greedy_ids(client: Client, a) -> list[list[int]]:
     out = []
     for prompt in PROMPTS[: a.greedy_prompts]:
-        answer = client.post("/v1/completions", {"model": client.model, "prompt": prompt, "max_tokens": a.greedy_tokens,
-                                                 "temperature": 0, "return_token_ids": True})
+        answer = client.post(
+            "/v1/completions",
+            {
+                "model": client.model,
+                "prompt": prompt,
+                "max_tokens": a.greedy_tokens,
+                "temperature": 0,
+                "return_token_ids": True,
+            },
+        )
         ids = answer["choices"][0].get("token_ids")
         if not isinstance(ids, list):
             raise RuntimeError("the server returned no token_ids (vLLM's return_token_ids)")
@@ -412,8 +528,16 @@ def greedy_ids(client: Client, a) -> list[list[int]]:
 
 def gate_greedy(client: Client, a) -> Result:
     if bool(a.greedy_record) == bool(a.greedy_compare):
-        return result("greedy", None, {}, ["give --greedy-record FILE (launch configuration), then, after a restart "
-                                           "with the levers off, --greedy-compare FILE"], "not run")
+        return result(
+            "greedy",
+            None,
+            {},
+            [
+                "give --greedy-record FILE (launch configuration), then, after a restart "
+                "with the levers off, --greedy-compare FILE"
+            ],
+            "not run",
+        )
     ids = greedy_ids(client, a)
     if a.greedy_record:
         with open(a.greedy_record, "w") as f:
@@ -423,10 +547,18 @@ def gate_greedy(client: Client, a) -> Result:
         ref = json.load(f)
     if ref.get("prompts") != PROMPTS[: a.greedy_prompts] or ref.get("max_tokens") != a.greedy_tokens:
         return result("greedy", False, {}, [f"{a.greedy_compare} was recorded with other prompts or lengths"])
-    same = [x == y for x, y in zip(ids, ref["token_ids"])]
-    first = [next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y))) for x, y in zip(ids, ref["token_ids"])]
-    return result("greedy", all(same) and len(same) == len(ids), {"identical": sum(same), "of": len(ids)},
-                  [{"prompt": i, "identical": s, "first_difference": None if s else first[i]} for i, s in enumerate(same)])
+    # strict=False throughout: a recording may hold fewer prompts or other lengths; both are reported below
+    same = [x == y for x, y in zip(ids, ref["token_ids"], strict=False)]
+    first = [
+        next((k for k, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+        for x, y in zip(ids, ref["token_ids"], strict=False)
+    ]
+    return result(
+        "greedy",
+        all(same) and len(same) == len(ids),
+        {"identical": sum(same), "of": len(ids)},
+        [{"prompt": i, "identical": s, "first_difference": None if s else first[i]} for i, s in enumerate(same)],
+    )
 
 
 def gate_mxk(client: Client, a) -> Result:
@@ -435,9 +567,13 @@ def gate_mxk(client: Client, a) -> Result:
     script = Path(a.mxk_gate)
     if not script.is_file():
         return result("mxk", None, {}, [f"{script}: no such file"], "not run")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PORT_DIR), os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PORT_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    )
     try:
-        proc = subprocess.run([a.mxk_python, str(script)], capture_output=True, text=True, env=env, timeout=a.mxk_timeout)
+        proc = subprocess.run(
+            [a.mxk_python, str(script)], capture_output=True, text=True, env=env, timeout=a.mxk_timeout
+        )
     except subprocess.TimeoutExpired:
         return result("mxk", None, {"timeout_s": a.mxk_timeout}, [], "error")
     lines = (proc.stdout + proc.stderr).strip().splitlines()
@@ -445,8 +581,16 @@ def gate_mxk(client: Client, a) -> Result:
     return result("mxk", None, {"exit": proc.returncode, "summary": lines[-1] if lines else ""}, lines[-60:], status)
 
 
-GATES = {"needles": gate_needles, "gsm8k": gate_gsm8k, "tools": gate_tools, "mtp": gate_mtp,
-         "logprobs": gate_logprobs, "stress": gate_stress, "greedy": gate_greedy, "mxk": gate_mxk}
+GATES = {
+    "needles": gate_needles,
+    "gsm8k": gate_gsm8k,
+    "tools": gate_tools,
+    "mtp": gate_mtp,
+    "logprobs": gate_logprobs,
+    "stress": gate_stress,
+    "greedy": gate_greedy,
+    "mxk": gate_mxk,
+}
 DEFAULT = PAGE_GATES
 NO_SERVER = {"mxk"}
 STRICT = True  # a page gate that did not run has not passed
@@ -478,7 +622,9 @@ def add_arguments(p) -> None:
     p.add_argument("--greedy-record", help="record the greedy token ids here (launch configuration)")
     p.add_argument("--greedy-compare", help="compare with ids recorded by --greedy-record")
     p.add_argument("--mxk-gate", default=str(MXK_GATE), help="the kernels' device test (mxk)")
-    p.add_argument("--mxk-python", default=sys.executable, help="the interpreter that runs it (the image's, with Gaudi software)")
+    p.add_argument(
+        "--mxk-python", default=sys.executable, help="the interpreter that runs it (the image's, with Gaudi software)"
+    )
     p.add_argument("--mxk-timeout", type=float, default=1800.0)
 
 

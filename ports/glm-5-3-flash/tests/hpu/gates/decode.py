@@ -10,7 +10,14 @@ from .documents import kilo, sized_document
 
 def timed_completion(client: Client, prompt: str, max_tokens: int, ignore_eos: bool) -> dict:
     """Stream one completion: time to the first token, first and last token arrival, tokens."""
-    body = {"model": client.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos, "stream_options": {"include_usage": True}}
+    body = {
+        "model": client.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": ignore_eos,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     first = last = None
     chunks, usage = 0, None
@@ -30,7 +37,8 @@ def timed_completion(client: Client, prompt: str, max_tokens: int, ignore_eos: b
 
 def gate_decode(client: Client, opts) -> Result:
     details, figures, ok = {}, [], True
-    for length, floor in zip(opts.decode_lengths, opts.decode_floors):
+    # strict=False: the two command-line lists pair up to the shorter, as they always have
+    for length, floor in zip(opts.decode_lengths, opts.decode_floors, strict=False):
         warm, _, _ = sized_document(client, length, seed=10_000 + length)
         timed_completion(client, warm, opts.decode_tokens, True)  # compiles this shape
         prompt, tokens, counted = sized_document(client, length, seed=20_000 + length)
@@ -43,5 +51,12 @@ def gate_decode(client: Client, opts) -> Result:
         ok &= passed
         label = ("" if counted else "~") + kilo(tokens)
         figures.append(f"{label} {rate:.1f} tok/s (floor {floor:g})")
-        details[label] = {"prompt_tokens": tokens, "decode_tokens": m["tokens"], "seconds": round(span, 3), "tokens_per_s": round(rate, 2), "floor": floor, "pass": passed}
+        details[label] = {
+            "prompt_tokens": tokens,
+            "decode_tokens": m["tokens"],
+            "seconds": round(span, 3),
+            "tokens_per_s": round(rate, 2),
+            "floor": floor,
+            "pass": passed,
+        }
     return Result("decode", "pass" if ok else "fail", "; ".join(figures), details)

@@ -6,7 +6,6 @@ import random
 
 from .client import Client
 
-
 WORDS = {
     "adj": "quiet amber narrow distant patient wooden silver early gentle northern crowded hollow bright ancient humid".split(),
     "noun": "river lantern orchard engine library harbour meadow bridge workshop garden tower market valley archive kitchen".split(),
@@ -25,7 +24,9 @@ def filler_sentences(n: int, seed: int) -> list[str]:
     ]
 
 
-def sized_document(client: Client, target_tokens: int, seed: int, inserts: list[tuple[float, str]] = ()) -> tuple[str, int, bool]:
+def sized_document(
+    client: Client, target_tokens: int, seed: int, inserts: list[tuple[float, str]] = ()
+) -> tuple[str, int, bool]:
     """Filler text of about ``target_tokens`` tokens with ``inserts`` (fraction, sentence) placed
     at those depths. Returns (text, tokens, counted): counted is False when the server has no
     /tokenize and the size is an estimate (4 characters a token)."""

@@ -83,12 +83,21 @@ def floats(text: str) -> list[float]:
 
 def add_arguments(p) -> None:
     p.add_argument("--golden-dir", type=Path, default=GOLDEN_DIR)
-    p.add_argument("--record-golden", type=Path, metavar="PATH", help="write the golden token ids this server gives to PATH")
-    p.add_argument("--record-fp8", type=Path, metavar="PATH", help="write the fp8 gate's token ids (an FP8 server) to PATH")
+    p.add_argument(
+        "--record-golden", type=Path, metavar="PATH", help="write the golden token ids this server gives to PATH"
+    )
+    p.add_argument(
+        "--record-fp8", type=Path, metavar="PATH", help="write the fp8 gate's token ids (an FP8 server) to PATH"
+    )
     p.add_argument("--needle-lengths", type=ints, default=ints("16K,63K,127K,239K"))
     p.add_argument("--tool-doc-tokens", type=lambda x: ints(x)[0], default=32768)
     p.add_argument("--answer-tokens", type=int, default=1024, help="max_tokens of each answer (reasoning included)")
-    p.add_argument("--chat-kwargs", type=json.loads, default={"reasoning_effort": "low"}, help="chat_template_kwargs for the answer gates (JSON)")
+    p.add_argument(
+        "--chat-kwargs",
+        type=json.loads,
+        default={"reasoning_effort": "low"},
+        help="chat_template_kwargs for the answer gates (JSON)",
+    )
     p.add_argument("--decode-lengths", type=ints, default=ints("2K,128K"))
     p.add_argument("--decode-floors", type=floats, default=floats("15,10"), help="tokens/s, one per decode length")
     p.add_argument("--decode-tokens", type=int, default=512)
@@ -96,7 +105,9 @@ def add_arguments(p) -> None:
     p.add_argument("--ttft-limit", type=float, default=120.0, help="seconds allowed at the longest TTFT length")
     p.add_argument("--sinkhorn-dir", type=Path, default=SINKHORN_DIR)
     p.add_argument("--sinkhorn-cmd", help="run this instead of looking in --sinkhorn-dir")
-    p.add_argument("--pack-root", type=Path, default=PACK_ROOT, help="the fix pack whose device gates the fixes gate runs")
+    p.add_argument(
+        "--pack-root", type=Path, default=PACK_ROOT, help="the fix pack whose device gates the fixes gate runs"
+    )
     p.add_argument("--script-timeout", type=float, default=3600.0)
 
 

@@ -39,7 +39,9 @@ def completion_ids(client: Client, prompt: str, max_tokens: int) -> list[int]:
         raise GateError(f"completion without choices: {str(data)[:200]}") from exc
     ids = choice.get("token_ids")
     if ids is None:
-        raise GateError("the server returned no choices[0].token_ids (vLLM's return_token_ids); cannot compare token ids")
+        raise GateError(
+            "the server returned no choices[0].token_ids (vLLM's return_token_ids); cannot compare token ids"
+        )
     return [int(i) for i in ids]
 
 
@@ -53,13 +55,32 @@ def golden_against(client: Client, opts, gate: str, ids_name: str, record_path, 
     prompts, ref = load_golden(opts.golden_dir, ids_name)
     got = {p["id"]: completion_ids(client, p["prompt"], int(p.get("max_tokens", 64))) for p in prompts}
     if record_path:
-        record = {"format": 1, "measured": {"server": client.base, "model": client.model, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "note": f"review before committing as {ids_name}"}, "ids": got}
+        record = {
+            "format": 1,
+            "measured": {
+                "server": client.base,
+                "model": client.model,
+                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "note": f"review before committing as {ids_name}",
+            },
+            "ids": got,
+        }
         Path(record_path).write_text(json.dumps(record, indent=1) + "\n")
     if ref is None:
-        return Result(gate, "not measured", f"{len(prompts)} prompts run; no reference ids yet ({opts.golden_dir / ids_name})", {"ids": got})
+        return Result(
+            gate,
+            "not measured",
+            f"{len(prompts)} prompts run; no reference ids yet ({opts.golden_dir / ids_name})",
+            {"ids": got},
+        )
     measured_on = (ref.get("measured") or {}).get("model")
     if same_model and measured_on != client.model:
-        return Result(gate, "not measured", f"the server serves {client.model!r}; {ids_name} was measured on {measured_on!r}", {"ids": got})
+        return Result(
+            gate,
+            "not measured",
+            f"the server serves {client.model!r}; {ids_name} was measured on {measured_on!r}",
+            {"ids": got},
+        )
     same, diffs = 0, {}
     for p in prompts:
         want = ref["ids"].get(p["id"])
@@ -71,6 +92,8 @@ def golden_against(client: Client, opts, gate: str, ids_name: str, record_path, 
             same += 1
             continue
         pos = next((i for i, (a, b) in enumerate(zip(have, want, strict=False)) if a != b), min(len(have), len(want)))
-        diffs[p["id"]] = f"first difference at token {pos} (got {have[pos] if pos < len(have) else 'end'}, reference {want[pos] if pos < len(want) else 'end'})"
+        diffs[p["id"]] = (
+            f"first difference at token {pos} (got {have[pos] if pos < len(have) else 'end'}, reference {want[pos] if pos < len(want) else 'end'})"
+        )
     res = "pass" if same == len(prompts) else "fail"
     return Result(gate, res, f"{same}/{len(prompts)} identical", {"differences": diffs})

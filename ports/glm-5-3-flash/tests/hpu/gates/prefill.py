@@ -20,4 +20,9 @@ def gate_prefill(client: Client, opts) -> Result:
     longest = details[label]
     ok = longest["ttft_s"] <= opts.ttft_limit
     longest["limit_s"] = opts.ttft_limit
-    return Result("prefill", "pass" if ok else "fail", "; ".join(figures) + f" (limit {opts.ttft_limit:g} s at the longest)", details)
+    return Result(
+        "prefill",
+        "pass" if ok else "fail",
+        "; ".join(figures) + f" (limit {opts.ttft_limit:g} s at the longest)",
+        details,
+    )

@@ -27,6 +27,10 @@ def sinkhorn_command(sinkhorn_dir: Path) -> list[str] | None:
 def gate_sinkhorn(client: Client | None, opts) -> Result:
     cmd = opts.sinkhorn_cmd.split() if opts.sinkhorn_cmd else sinkhorn_command(opts.sinkhorn_dir)
     if cmd is None:
-        return Result("sinkhorn", "missing", f"no gate.py, __main__.py, run_gate.sh or test_device*.py in {opts.sinkhorn_dir}")
-    result, figures, details = run_script(cmd, opts.script_timeout, cwd=opts.sinkhorn_dir.parent if "-m" in cmd[:2] else None)
+        return Result(
+            "sinkhorn", "missing", f"no gate.py, __main__.py, run_gate.sh or test_device*.py in {opts.sinkhorn_dir}"
+        )
+    result, figures, details = run_script(
+        cmd, opts.script_timeout, cwd=opts.sinkhorn_dir.parent if "-m" in cmd[:2] else None
+    )
     return Result("sinkhorn", result, figures, details)
