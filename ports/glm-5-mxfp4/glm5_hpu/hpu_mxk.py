@@ -65,11 +65,17 @@ def library_candidates() -> list[Path]:
     return found
 
 
-def _load_library(lib: Path) -> str | None:
-    """Load the op library and put its TPC kernels on GC_KERNEL_PATH; None when usable, else why."""
+def load_library(lib: Path) -> str | None:
+    """Load the op library ``lib`` and put its TPC kernels (``libcustom_tpc_glm_mxfp4.so`` beside it)
+    on GC_KERNEL_PATH, which the graph compiler reads when the process first acquires the card;
+    None when the ops are usable, else why not. kernels/mxfp4-moe/op.py loads through this too."""
     tpc = lib.with_name(TPC_LIB)
     if not tpc.is_file():
-        return f"{tpc} missing (build.sh builds it with {lib.name})"
+        return f"{tpc} missing (build.sh builds it with the op library)"
+    try:
+        import habana_frameworks.torch  # noqa: F401  (the HPU device and the custom-op runtime)
+    except ImportError as exc:
+        return f"Gaudi software not importable ({exc})"
     paths = [p for p in os.environ.get("GC_KERNEL_PATH", "").split(":") if p]
     if str(tpc) not in paths:
         os.environ["GC_KERNEL_PATH"] = ":".join([str(tpc), *paths])
@@ -87,7 +93,7 @@ def kernels() -> Kernels | str:
     why = []
     for lib in library_candidates():
         if lib.is_file():
-            problem = _load_library(lib)
+            problem = load_library(lib)
             if problem is None:
                 return Kernels(torch.ops.hpu_glm.mxfp4_gemv, torch.ops.hpu_glm.mxfp4_unpack, f"library {lib}")
             why.append(problem)

@@ -129,3 +129,56 @@ if __name__ == "__main__":
     import sys
 
     print(make(sys.argv[1]))
+
+
+def convert(src, dst, python: str) -> None:
+    """The port's converter (``python -m glm5_mxfp4.convert SRC DST``) in a process of ``python``."""
+    import subprocess
+    from pathlib import Path
+
+    port = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [python, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
+        cwd=port,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{port}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def dequantized_reference(src, dst, dtype):
+    """transformers 5.23.0's GlmMoeDsaForCausalLM from the bf16 checkpoint ``src`` in ``dtype``, its
+    routed experts replaced by the glm5_mxfp4 converter's dequantization of ``dst``'s blocks (what
+    an MXFP4 serving path must compute); returns (model, number of experts replaced)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from transformers import GlmMoeDsaForCausalLM
+
+    from glm5_mxfp4 import mxfp4
+
+    dst = Path(dst)
+    weight_map = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
+
+    def deq(key):
+        with safe_open(str(dst / weight_map[key + ".weight"]), "np") as f:
+            q = f.get_tensor(key + ".weight")
+        with safe_open(str(dst / weight_map[key + ".weight_scale"]), "np") as f:
+            s = f.get_tensor(key + ".weight_scale")
+        return torch.from_numpy(mxfp4.dequantize(q, s)).to(dtype)
+
+    model = GlmMoeDsaForCausalLM.from_pretrained(src, dtype=dtype).eval()
+    model.config._experts_implementation = "eager"
+    replaced = 0
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            experts = getattr(layer.mlp, "experts", None)
+            if experts is None:
+                continue
+            for e in range(experts.num_experts):
+                prefix = f"model.layers.{i}.mlp.experts.{e}"
+                experts.gate_up_proj[e] = torch.cat([deq(prefix + ".gate_proj"), deq(prefix + ".up_proj")])
+                experts.down_proj[e] = deq(prefix + ".down_proj")
+                replaced += 1
+    return model, replaced

@@ -16,17 +16,16 @@ when the process first acquires the device: load before that.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
-from glm5_hpu import mxk
+from glm5_hpu import hpu_mxk, mxk
 
 HERE = Path(__file__).resolve().parent
-OP_LIB = "libhpu_glm_mxfp4.so"
-TPC_LIB = "libcustom_tpc_glm_mxfp4.so"
-MAX_TOKENS = 16  # MXK_MAX_TOKENS in mxfp4_gemv_bf16.c: the GEMV is for decode-sized calls
+OP_LIB = hpu_mxk.OP_LIB
+TPC_LIB = hpu_mxk.TPC_LIB  # the TPC kernels beside the op library
+MAX_TOKENS = hpu_mxk.DECODE_MAX  # the GEMV is for decode-sized calls
 
 _state: dict = {"tried": False, "loaded": False, "why": "not tried", "library": str(HERE / "build" / OP_LIB)}
 
@@ -41,24 +40,9 @@ def load(library: Path | None = None) -> bool:
     if not lib.is_file():
         _state["why"] = f"{lib} not built (run ports/glm-5-mxfp4/kernels/mxfp4-moe/build.sh in a Gaudi image)"
         return False
-    tpc = lib.with_name(TPC_LIB)
-    if not tpc.is_file():
-        _state["why"] = f"{tpc} missing (build.sh builds it with the op library)"
-        return False
-    try:
-        import habana_frameworks.torch  # noqa: F401  (the HPU device and the custom-op runtime)
-    except ImportError as exc:
-        _state["why"] = f"Gaudi software not importable ({exc})"
-        return False
-    paths = [p for p in os.environ.get("GC_KERNEL_PATH", "").split(":") if p]
-    if str(tpc) not in paths:
-        os.environ["GC_KERNEL_PATH"] = ":".join([str(tpc), *paths])
-    try:
-        torch.ops.load_library(str(lib))
-        torch.ops.hpu_glm.mxfp4_gemv  # noqa: B018  (resolves the schemas)
-        torch.ops.hpu_glm.mxfp4_unpack  # noqa: B018
-    except Exception as exc:  # a broken or mismatched build must not take the server down
-        _state["why"] = f"{lib} failed to load: {exc}"
+    problem = hpu_mxk.load_library(lib)
+    if problem is not None:
+        _state["why"] = problem
         return False
     _state.update(loaded=True, why=f"loaded {lib}")
     return True

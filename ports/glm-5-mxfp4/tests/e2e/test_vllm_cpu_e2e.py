@@ -20,8 +20,6 @@ random permutation of the experts. Each start takes about a minute here.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -64,48 +62,14 @@ def _prompts() -> list[list[int]]:
 def ckpt(tmp_path_factory):
     src = Path(glm_moe_dsa_tiny.make(str(tmp_path_factory.mktemp("src") / "GLM-tiny-BF16"), **OVERRIDES))
     dst = tmp_path_factory.mktemp("dst") / "GLM-tiny-MXFP4"
-    proc = subprocess.run(
-        [sys.executable, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
-        cwd=PORT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": f"{PORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
-    )
-    assert proc.returncode == 0, proc.stderr
+    glm_moe_dsa_tiny.convert(src, dst, sys.executable)
     return src, dst
 
 
 @pytest.fixture(scope="module")
 def reference_tokens(ckpt):
     """transformers 5.23.0, float32, routed experts = the converter's dequantization of dst."""
-    from safetensors import safe_open
-    from transformers import GlmMoeDsaForCausalLM
-
-    from glm5_mxfp4 import mxfp4
-
-    src, dst = ckpt
-    weight_map = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
-
-    def deq(key):
-        with safe_open(str(dst / weight_map[key + ".weight"]), "np") as f:
-            q = f.get_tensor(key + ".weight")
-        with safe_open(str(dst / weight_map[key + ".weight_scale"]), "np") as f:
-            s = f.get_tensor(key + ".weight_scale")
-        return torch.from_numpy(mxfp4.dequantize(q, s))
-
-    model = GlmMoeDsaForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    model.config._experts_implementation = "eager"
-    replaced = 0
-    with torch.no_grad():  # the converter's dequantization in place of the routed experts
-        for i, layer in enumerate(model.model.layers):
-            experts = getattr(layer.mlp, "experts", None)
-            if experts is None:
-                continue
-            for e in range(experts.num_experts):
-                p = f"model.layers.{i}.mlp.experts.{e}"
-                experts.gate_up_proj[e] = torch.cat([deq(p + ".gate_proj"), deq(p + ".up_proj")])
-                experts.down_proj[e] = deq(p + ".down_proj")
-                replaced += 1
+    model, replaced = glm_moe_dsa_tiny.dequantized_reference(*ckpt, torch.float32)
     assert replaced == 2 * 8  # two MoE layers of 8 experts
     return reference_greedy_tokens(model, _prompts(), NEW_TOKENS)
 

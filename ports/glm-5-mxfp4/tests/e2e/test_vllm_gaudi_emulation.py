@@ -36,7 +36,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,22 +117,11 @@ def tree(tmp_path_factory):
     return dest
 
 
-def _convert(src: Path, dst: Path) -> Path:
-    proc = subprocess.run(
-        [sys.executable, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
-        cwd=PORT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": f"{PORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
-    )
-    assert proc.returncode == 0, proc.stderr
-    return dst
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     src = Path(glm_moe_dsa_tiny.make(str(tmp_path_factory.mktemp("src") / "GLM-tiny-BF16"), **OVERRIDES))
-    dst = _convert(src, tmp_path_factory.mktemp("dst") / "GLM-tiny-MXFP4")
+    dst = tmp_path_factory.mktemp("dst") / "GLM-tiny-MXFP4"
+    glm_moe_dsa_tiny.convert(src, dst, sys.executable)
     config = json.loads((dst / "config.json").read_text())
     assert "scoring_func" not in config and "topk_method" not in config  # transformers' config, as written
     return src, dst
@@ -161,34 +149,7 @@ def constant_draft(ckpt, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(ckpt):
     """transformers 5.23.0, bf16, routed experts = the converter's dequantization of the checkpoint."""
-    from safetensors import safe_open
-    from transformers import GlmMoeDsaForCausalLM
-
-    from glm5_mxfp4 import mxfp4
-
-    src, dst = ckpt
-    weight_map = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
-
-    def deq(key):
-        with safe_open(str(dst / weight_map[key + ".weight"]), "np") as f:
-            q = f.get_tensor(key + ".weight")
-        with safe_open(str(dst / weight_map[key + ".weight_scale"]), "np") as f:
-            s = f.get_tensor(key + ".weight_scale")
-        return torch.from_numpy(mxfp4.dequantize(q, s)).to(torch.bfloat16)
-
-    model = GlmMoeDsaForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
-    model.config._experts_implementation = "eager"
-    replaced = 0
-    with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            experts = getattr(layer.mlp, "experts", None)
-            if experts is None:
-                continue
-            for e in range(experts.num_experts):
-                p = f"model.layers.{i}.mlp.experts.{e}"
-                experts.gate_up_proj[e] = torch.cat([deq(p + ".gate_proj"), deq(p + ".up_proj")])
-                experts.down_proj[e] = deq(p + ".down_proj")
-                replaced += 1
+    model, replaced = glm_moe_dsa_tiny.dequantized_reference(*ckpt, torch.bfloat16)
     assert replaced == 2 * 8  # two MoE layers of 8 experts
     return greedy_reference(model, PROMPTS, NEW_TOKENS)
 
