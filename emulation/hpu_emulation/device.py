@@ -255,8 +255,10 @@ _DEVICE_PROPS = {
 
 
 def _to(self: Any, *args: Any, **kwargs: Any) -> Any:
+    # torch's argument parser for .to() takes no copy=; Tensor.to itself does (transformers'
+    # generate calls .to(copy=True, dtype=..., device=...)), so it is taken out first
+    copy = bool(kwargs.pop("copy", False))
     device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-    copy = bool(kwargs.get("copy", False))
     extra = {"memory_format": memory_format} if memory_format is not None else {}
     if isinstance(self, HPUTensor):
         if device is None or _is_hpu_device(device):

@@ -231,3 +231,13 @@ def test_a_card_generator_seeds_sampling_on_the_card_reproducibly():
     # every generator is still a torch.Generator, the default ones made in C++ included
     assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
     assert torch.Generator("cpu").device == torch.device("cpu") and torch.Generator().device.type == "cpu"
+
+
+def test_to_with_copy_keyword_on_host_and_card_tensors():
+    """Tensor.to(copy=True, ...) (transformers' generate uses it) works with the device mode on."""
+    host = torch.arange(4.0)
+    same = host.to(copy=True, dtype=torch.float32, device="cpu")
+    assert torch.equal(same, host) and same.data_ptr() != host.data_ptr()
+    card = host.to("hpu")
+    again = card.to(copy=True, device="hpu")
+    assert again.device.type == "hpu" and again is not card and torch.equal(again.cpu(), host)

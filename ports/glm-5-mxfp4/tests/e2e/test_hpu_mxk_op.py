@@ -13,6 +13,7 @@ Runs in the mxfp4-runner stage (its own process: the emulation is activated here
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,12 @@ import torch
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO / "emulation"))
 pytest.importorskip("hpu_emulation.device")
+if os.environ.get("HPU_EMULATION_IN_PROCESS") != "1":
+    pytest.skip(
+        "activates the Habana emulation in this process: run in a pytest process of its own with "
+        "HPU_EMULATION_IN_PROCESS=1 (scripts/test.sh, stage mxfp4-runner)",
+        allow_module_level=True,
+    )
 if "habana_frameworks" in sys.modules and not getattr(sys.modules["habana_frameworks"], "__hpu_emulation__", False):
     pytest.skip("a real habana_frameworks is imported here", allow_module_level=True)
 
