@@ -99,11 +99,12 @@ def _copy_packages(src: Path, dest: Path, packages: list[str]) -> None:
 
 
 def _engine(pack: Pack, profile: Profile, place: Place, tree: Path, state: Path):
-    from fixpack.engine import Engine, Reporter
+    from fixpack.engine import Engine
+    from fixpack.output import Lines
     from fixpack.store import Store
 
     found = {p: tree / p for p in profile.packages}
-    return Engine(pack, profile, place.port, place.opt_ins, found, Store(state), None, report=Reporter(quiet=True))
+    return Engine(pack, profile, place.port, place.opt_ins, found, Store(state), None, report=Lines(quiet=True))
 
 
 def _apply(engine, fixes: list[Fix]) -> None:

@@ -21,9 +21,9 @@ from fixpack import forkserver
 from fixpack import limits as rlimits
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
+from fixpack.output import Lines
 from fixpack.pack import Fix
 from fixpack.store import Store, fs_error
-from fixpack.verify import Lines
 from fixpack.watch import TreeWatch
 from fixpack.worker import SANDBOX_MODES, sealed
 

@@ -43,8 +43,9 @@ def run(args) -> int:
     from fixpack.locations import lock_path as lock_of
     from fixpack.locations import state_dir as state_folder
     from fixpack.lockfile import Lock
+    from fixpack.output import Lines
     from fixpack.store import Store
-    from fixpack.verify import Lines, verify
+    from fixpack.verify import verify
 
     pack = (args.pack or Path(__file__).resolve().parents[2]).resolve()
     root = args.root.resolve() if args.root else None
