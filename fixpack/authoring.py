@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fixpack import schema
+from fixpack import kinds, schema
 from fixpack.errors import CheckFailed, ConfigError, FixFailed
 from fixpack.pack import Fix, Pack, Port, Profile
 
@@ -280,7 +280,7 @@ def commit(pack: Pack, fix_id: str) -> dict:
         raise ConfigError(f"nothing was changed under {ws.tree}; edit the files there first; nothing was written")
     done: dict = {"fix": fix_id, "changed": sorted(modified), "written": []}
     fix = place.fix
-    if fix is not None and fix.kind != "diff":
+    if fix is not None and not kinds.kind(fix.kind).refreshable:  # a change not written from the tree: checked against it
         done["check"] = check_rewrite(pack, profile, place, ws, modified)
         return done
     data = make_diff(modified)
