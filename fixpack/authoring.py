@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fixpack import schema
+from fixpack import kinds, schema
 from fixpack.errors import CheckFailed, ConfigError, FixFailed
 from fixpack.pack import Fix, Pack, Port, Profile
 
@@ -99,11 +99,12 @@ def _copy_packages(src: Path, dest: Path, packages: list[str]) -> None:
 
 
 def _engine(pack: Pack, profile: Profile, place: Place, tree: Path, state: Path):
-    from fixpack.engine import Engine, Reporter
+    from fixpack.engine import Engine
+    from fixpack.output import Lines
     from fixpack.store import Store
 
     found = {p: tree / p for p in profile.packages}
-    return Engine(pack, profile, place.port, place.opt_ins, found, Store(state), None, report=Reporter(quiet=True))
+    return Engine(pack, profile, place.port, place.opt_ins, found, Store(state), None, report=Lines(quiet=True))
 
 
 def _apply(engine, fixes: list[Fix]) -> None:
@@ -279,7 +280,7 @@ def commit(pack: Pack, fix_id: str) -> dict:
         raise ConfigError(f"nothing was changed under {ws.tree}; edit the files there first; nothing was written")
     done: dict = {"fix": fix_id, "changed": sorted(modified), "written": []}
     fix = place.fix
-    if fix is not None and fix.kind != "diff":
+    if fix is not None and not kinds.kind(fix.kind).refreshable:  # a change not written from the tree: checked against it
         done["check"] = check_rewrite(pack, profile, place, ws, modified)
         return done
     data = make_diff(modified)

@@ -79,8 +79,8 @@ def check_release(
     from fixpack import proof, release, sources
     from fixpack.engine import Engine
     from fixpack.lockfile import Lock
+    from fixpack.output import Lines
     from fixpack.store import Store
-    from fixpack.verify import Lines
 
     lock = Lock.load(profile.lock_path)
     manifest = json.loads(profile.manifest_path.read_text())["files"]

@@ -18,17 +18,15 @@ from fixpack import __version__, journal
 from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
 from fixpack.hashing import sha256_bytes, short
 from fixpack.lockfile import Lock, selection_key
+from fixpack.output import Lines
 from fixpack.pack import Fix, Pack, Port, Profile
 from fixpack.paths import resolve_inside
 from fixpack.runner import DEFAULT_TIMEOUT, Runner, protection_text
 from fixpack.state import Journal, Layer, StateRecord, Step, Unreadable, expected_after, pinned_steps
 from fixpack.store import Store, fs_error
-from fixpack.verify import Lines
 from fixpack.worker import sealed
 
-__all__ = ["DEFAULT_TIMEOUT", "Engine", "Reporter", "protection_text", "revert"]
-
-Reporter = Lines  # one status-line format for every command
+__all__ = ["DEFAULT_TIMEOUT", "Engine", "protection_text", "revert"]
 
 
 @dataclass
@@ -40,7 +38,7 @@ class Engine:
     found: dict[str, Path]
     store: Store
     lock: Lock | None  # None: record mode (lock generation, checks), no pins
-    report: Reporter = field(default_factory=Reporter)
+    report: Lines = field(default_factory=Lines)
     timeout: float = DEFAULT_TIMEOUT
     lock_wait: float = 600.0
     check_idempotent: bool = False

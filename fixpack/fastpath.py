@@ -7,27 +7,26 @@ and the full engine takes over, which re-checks everything itself.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
+from fixpack import hashing
 from fixpack.kinds import CHANGE_FILES
-from fixpack.locations import layer_port, lock_path
+from fixpack.locations import layer_port, locate, lock_path
 from fixpack.locations import state_dir as state_folder
 
 
 def _sha(path: str) -> str | None:
     try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        return hashing.sha256_file(path)
     except OSError:
         return None
 
 
 def fix_hash(fix_dir: str, release: str | None = None) -> str | None:
-    """Same value as pack.Fix.content_hash on ``release``, without parsing fix.yaml: the
-    release's own change file (fixes/<id>/<release>/, a refreshed release) or the shared one."""
-    h = hashlib.sha256()
+    """pack.Fix.content_hash on ``release`` (hashing.fix_hash), with the change file found
+    without parsing fix.yaml: the release's own (fixes/<id>/<release>/, a refreshed release)
+    or the shared one; None when that is not exactly one file."""
     change = []
     for folder in ([os.path.join(fix_dir, release)] if release else []) + [fix_dir]:
         change = [os.path.join(folder, n) for n in CHANGE_FILES.values() if os.path.isfile(os.path.join(folder, n))]
@@ -35,10 +34,7 @@ def fix_hash(fix_dir: str, release: str | None = None) -> str | None:
             break
     if len(change) != 1:
         return None
-    for path in (os.path.join(fix_dir, "fix.yaml"), change[0]):
-        with open(path, "rb") as f:
-            h.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
-    return h.hexdigest()
+    return hashing.fix_hash(fix_dir, change[0])
 
 
 def hash_known(lock_entry: dict, recorded: str | None) -> bool:
@@ -47,21 +43,6 @@ def hash_known(lock_entry: dict, recorded: str | None) -> bool:
     an image applied before fix.yaml was rewritten, e.g. into per-release entries, is still
     the state this lock pins)."""
     return recorded is not None and (recorded == lock_entry.get("hash") or recorded in (lock_entry.get("earlier") or ()))
-
-
-def locate(names: list[str], root: str | None) -> dict[str, str] | None:
-    """Package folders under ``root``, or where Python finds them (find_spec does not import)."""
-    if root is not None:
-        return {n: os.path.join(root, n) for n in names}
-    import importlib.util
-
-    out = {}
-    for n in names:
-        spec = importlib.util.find_spec(n)
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        out[n] = list(spec.submodule_search_locations)[0]
-    return out
 
 
 def already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str | None, root: str | None, state_dir: str | None) -> dict | None:
@@ -77,7 +58,7 @@ def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str
         with open(lock_path(pack_root, profile), "rb") as f:
             lock = json.load(f)
         packages = locate(lock["packages"], root)
-        if packages is None:
+        if len(packages) != len(lock["packages"]):
             return None
         state_dir = state_folder(packages.values(), root, state_dir)
         with open(os.path.join(state_dir, "state.json"), "rb") as f:

@@ -203,9 +203,14 @@ def _run_job(job: dict) -> dict:
 
 def serve(preload: str = "") -> int:
     # Imported once here so that no fix's process pays for them; nothing else is imported.
-    if preload == "codemod":
-        # only what a codemod's process uses: its start is on the way to the run's first codemod
-        import fixpack.kinds.codemod  # noqa: F401 - libcst and its matchers
+    from fixpack import kinds
+
+    if preload:
+        # a kind's own server (the codemods'): only what its process uses; its start is on the
+        # way to the run's first fix of that kind (libcst and its matchers for a codemod)
+        for kind in kinds.ALL.values():
+            if kind.server == preload:
+                kind.module()
     else:
         import unidiff  # noqa: F401
         import yaml  # noqa: F401 - an edit's edits.yaml
@@ -231,10 +236,11 @@ def serve(preload: str = "") -> int:
         if not line.strip():
             continue
         job = json.loads(line)
-        if job.get("kind") == "codemod" and "fixpack.kinds.codemod" not in sys.modules:
-            # libcst only once a codemod comes (a diff or an edit never needs it), then once
-            # for all the codemods after it
-            import fixpack.kinds.codemod  # noqa: F401
+        job_kind = kinds.ALL.get(job.get("kind"))
+        if job_kind is not None and f"fixpack.kinds.{job_kind.name}" not in sys.modules:
+            # a kind this server did not import at its start (libcst only once a codemod comes;
+            # a diff or an edit never needs it), then once for all the fixes of it after this one
+            job_kind.module()
             gc.freeze()
         reply = _run_job(job)
         sys.stdout.write(json.dumps(reply) + "\n")

@@ -15,9 +15,9 @@ from typing import Protocol
 
 from fixpack.errors import Drift
 from fixpack.hashing import short
+from fixpack.output import Lines
 from fixpack.state import Journal, StateRecord, Step, Unreadable
 from fixpack.store import Store, crashpoint, drop_bytecode, replace_in_tree
-from fixpack.verify import Lines
 
 
 class Files(Protocol):

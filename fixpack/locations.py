@@ -33,6 +33,27 @@ def lock_path(pack_root: str | os.PathLike, profile: str) -> str:
     return os.path.join(os.fspath(pack_root), "profiles", f"{profile}.lock.json")
 
 
+def locate(packages: Iterable[str], root: str | os.PathLike | None) -> dict[str, str]:
+    """Each package's folder: under ``root`` if given, else where Python finds it (find_spec
+    of a top-level name finds it without importing it). A package not found is left out."""
+    found: dict[str, str] = {}
+    for name in packages:
+        if root is not None:
+            d = os.path.join(os.fspath(root), name)
+            if os.path.isdir(d):
+                found[name] = d
+            continue
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            found[name] = list(spec.submodule_search_locations)[0]
+    return found
+
+
 def layer_port(layer: str) -> str | None:
     """The port a layer string names, or None for the profile's own layer."""
     return layer[len(PORT_LAYER) :] if layer.startswith(PORT_LAYER) else None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack import kinds, schema
 from fixpack.errors import ConfigError
+from fixpack.hashing import fix_hash
 from fixpack.locations import port_layer
 from fixpack.paths import check_relpath
 
@@ -77,10 +77,7 @@ class Fix:
     def content_hash(self) -> str:
         """Hash of the fix's own files for its release (fix.yaml and that release's change),
         recorded in the state and pinned in the lock."""
-        h = hashlib.sha256()
-        for p in (self.dir / "fix.yaml", self.change_file):
-            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-        return h.hexdigest()
+        return fix_hash(self.dir, self.change_file)
 
 
 def release_change_dir(fix_dir: Path, release: str, status: str) -> Path:

@@ -26,6 +26,7 @@ import copy
 import os
 from pathlib import Path
 
+from fixpack import kinds
 from fixpack.errors import ConfigError
 
 
@@ -53,97 +54,16 @@ def new_sources(profile, onto: list[str]) -> dict:
 
 def classify(fix, tree: Path, found: dict) -> tuple[str, dict[str, bytes], list[str], str]:
     """(class, new file contents, notes, refreshed diff)."""
-    changes: dict[str, bytes] = {}
-    notes: list[str] = []
     for t in fix.targets:
         if not (tree / t.rel).is_file():
             return "moved", {}, [f"{t.rel} is not in the new release"], ""
-    if fix.kind == "diff":
-        from fixpack.diffpatch import parse_diff, rebase_file_patch, unified
-
-        classes = []
-        refreshed = []
-        for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
-            data = (tree / fp.path).read_bytes()
-            status, new, n = rebase_file_patch(data, fp)
-            classes.append(status)
-            notes += [f"{fp.path}: {x}" for x in n]
-            if new is not None:
-                changes[fp.path] = new
-                if status == "offset":
-                    refreshed.append(unified(data, new, fp.path))
-        for cls in ("conflict", "upstream", "offset"):
-            if cls in classes:
-                if cls == "upstream" and len(set(classes)) > 1:
-                    return "conflict", {}, notes, ""
-                return cls, (changes if cls == "offset" else {}), notes, "".join(refreshed)
-        return "exact", changes, notes, ""
-    from fixpack import kinds
-    from fixpack.kinds.base import ChangeError
-
-    sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
-    try:
-        changes = kinds.module(fix.kind).apply(fix.change_dir, sources).outputs
-    except ChangeError as exc:
-        msg = str(exc)
-        return ("nomatch" if "found 0" in msg else "conflict"), {}, [msg], ""
-    same = all(changes[rel] == sources[rel] for rel in sources)
-    note = [f"the {fix.kind} changes nothing: the fixed code is already there"] if same else []
-    return ("upstream" if same else "exact"), ({} if same else changes), note, ""
-
-
-def _significant(line: str) -> str | None:
-    """An added line worth looking for: code, not blank, not a comment, not a lone keyword or
-    bracket (``return False``-sized lines match anywhere and prove nothing)."""
-    text = line.strip()
-    if not text or text.startswith("#") or len(text) < 12:
-        return None
-    return text
+    return kinds.kind(fix.kind).rebase(fix, tree)
 
 
 def added_lines(fix, tree: Path) -> dict[str, list[str]]:
     """The significant lines the fix adds, by target: a diff's '+' lines, an edit's or a
     codemod's new text beyond its old text."""
-    out: dict[str, list[str]] = {}
-    if fix.kind == "diff":
-        from fixpack.diffpatch import parse_diff
-
-        for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
-            for h in fp.hunks:
-                removed = {raw.decode("utf-8", "replace").strip() for raw in h.old}
-                for raw in h.new:
-                    t = _significant(raw.decode("utf-8", "replace"))
-                    if t and t not in removed:
-                        out.setdefault(fp.path, []).append(t)
-        return out
-    if fix.kind == "edit":
-        from fixpack.kinds.edit import load
-
-        calls = [(e.target, e.old, e.new) for e in load(fix.change_dir)]
-    else:  # a codemod's new lines are those of its output where it applies
-        import difflib
-
-        from fixpack import kinds
-        from fixpack.kinds.base import ChangeError
-
-        sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets if (tree / t.rel).is_file()}
-        try:
-            outputs = kinds.module(fix.kind).apply(fix.change_dir, sources).outputs if len(sources) == len(fix.targets) else {}
-        except ChangeError:
-            outputs = {}
-        calls = []
-        for rel, data in outputs.items():
-            lines = list(difflib.unified_diff(sources[rel].decode().splitlines(), data.decode().splitlines(), lineterm="", n=0))
-            old = "\n".join(x[1:] for x in lines if x[:1] == "-" and not x.startswith("---"))
-            new = "\n".join(x[1:] for x in lines if x[:1] == "+" and not x.startswith("+++"))
-            calls.append((rel, old, new))
-    for rel, old, new in calls:
-        old_lines = {line.strip() for line in old.splitlines()}
-        for line in new.splitlines():
-            t = _significant(line)
-            if t and t not in old_lines:
-                out.setdefault(rel, []).append(t)
-    return out
+    return kinds.kind(fix.kind).added_lines(fix, tree)
 
 
 def duplicates(fix, tree: Path) -> list[str]:
@@ -229,7 +149,7 @@ def rebase_report(pack, profile, srcs: dict, *, only: list[str] | None = None, t
                 if verdict[0] == "green" and cls != "moved":
                     cls = "upstream"
             new_change = None
-            if cls == "offset" and fix.kind == "diff":
+            if cls == "offset":  # a kind located by line (a diff) whose lines moved:
                 # the whole change made against the new release's bytes (every file, not only the moved ones)
                 from fixpack.diffpatch import unified
 

@@ -11,9 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fixpack import sources
-from fixpack.engine import Engine, Reporter
+from fixpack.engine import Engine
 from fixpack.hashing import sha256_file
 from fixpack.lockfile import LOCK_FORMAT, carry_earlier, selection_key
+from fixpack.output import Lines
 from fixpack.pack import Pack, Port, Profile
 from fixpack.state import StateRecord, Step
 from fixpack.store import Store
@@ -69,7 +70,7 @@ def record_selection(
     ``located`` gathers where each fix found its definitions ({fix: {sha256: {qualname: span}}})."""
     found = {p: tree / p for p in profile.packages}
     store = Store(tree / ".fixpack")
-    engine = Engine(pack, profile, port, opt_ins, found, store, None, report=Reporter(quiet=quiet), check_idempotent=True, memo=memo)
+    engine = Engine(pack, profile, port, opt_ins, found, store, None, report=Lines(quiet=quiet), check_idempotent=True, memo=memo)
     engine.apply()
     if located is not None:
         for fix, texts in engine.runner.located.items():

@@ -17,13 +17,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from fixpack import forkserver
+from fixpack import forkserver, kinds
 from fixpack import limits as rlimits
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
+from fixpack.output import Lines
 from fixpack.pack import Fix
 from fixpack.store import Store, fs_error
-from fixpack.verify import Lines
 from fixpack.watch import TreeWatch
 from fixpack.worker import SANDBOX_MODES, sealed
 
@@ -65,7 +65,7 @@ class Runner:
     def _server(self, kind: str) -> ForkServer:
         """The fork server for a fix of ``kind``: codemods have their own, which imports libcst
         when it starts, so that the import runs beside the fixes before the first codemod."""
-        preload = "codemod" if kind == "codemod" else ""
+        preload = kinds.kind(kind).server
         if preload not in self._forkservers:
             early = forkserver.adopt(preload)  # started by the command before the engine was built
             self._forkservers[preload] = early or ForkServer(
@@ -73,10 +73,10 @@ class Runner:
             )
         return self._forkservers[preload]
 
-    def start(self, kinds: set[str]) -> None:
-        """Start the fork servers the fixes of ``kinds`` need now (they import the fix machinery
-        while the driver works)."""
-        for kind in sorted(kinds):
+    def start(self, kind_names: set[str]) -> None:
+        """Start the fork servers the fixes of these kinds need now (they import the fix
+        machinery while the driver works)."""
+        for kind in sorted(kind_names):
             try:
                 self._server(kind).start()
             except OSError:

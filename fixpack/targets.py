@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -21,20 +20,9 @@ def refuse_if_imported(packages: list[str]) -> None:
 
 def locate(packages: list[str], root: Path | None) -> dict[str, Path]:
     """Map each package name to its folder: under ``root`` if given, else where Python finds it."""
-    found: dict[str, Path] = {}
-    for name in packages:
-        if root is not None:
-            d = root / name
-            if d.is_dir():
-                found[name] = d
-            continue
-        try:
-            spec = importlib.util.find_spec(name)  # top-level: finds, does not execute
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.submodule_search_locations:
-            found[name] = Path(list(spec.submodule_search_locations)[0])
-    return found
+    from fixpack import locations
+
+    return {name: Path(d) for name, d in locations.locate(packages, root).items()}
 
 
 def require(found: dict[str, Path], needed: list[str], root: Path | None) -> None:

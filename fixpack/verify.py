@@ -10,25 +10,9 @@ from pathlib import Path
 
 from fixpack.hashing import sha256_file, short
 from fixpack.lockfile import Lock
+from fixpack.output import Lines
 from fixpack.state import Unreadable, selection_pins, unpinned
 from fixpack.store import Store
-
-
-class Lines:
-    """Aligned status lines (the engine's Reporter has the same shape)."""
-
-    def __init__(self, quiet: bool = False):
-        self.quiet = quiet
-        self.records: list[dict] = []
-
-    def line(self, name: str, result: str, detail: str = "", **record) -> None:
-        self.records.append(dict(name=name, result=result, detail=detail, **record))
-        if not self.quiet:
-            print(f"{name}{'.' * max(3, 44 - len(name))}{result:<10} {detail}".rstrip(), flush=True)
-
-    def say(self, text: str) -> None:
-        if not self.quiet:
-            print(text, flush=True)
 
 
 def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Lines) -> tuple[int, dict]:

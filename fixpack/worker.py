@@ -130,15 +130,15 @@ def run(job: dict) -> dict:
     from fixpack import kinds
 
     fix_dir = Path(job["fix_dir"])
-    kind = kinds.module(job["kind"])
+    kind = kinds.kind(job["kind"])
     sources = {t["rel"]: Path(t["src"]).read_bytes() for t in job["targets"]}
     applied = kind.apply(fix_dir, sources, known=job.get("definitions"))
     result = applied.outputs
-    if job.get("check_idempotent") and kind.IDEMPOTENT:
+    if job.get("check_idempotent") and kind.idempotent:
         again = kind.apply(fix_dir, result).outputs
         for rel in result:
             if again[rel] != result[rel]:
-                raise ValueError(f"{fix_dir / kind.CHANGE_FILE}: not idempotent on {rel}: a second run changes its own output")
+                raise ValueError(f"{fix_dir / kind.change_file}: not idempotent on {rel}: a second run changes its own output")
     outputs: dict[str, str] = {}
     for t in job["targets"]:
         Path(t["out"]).write_bytes(result[t["rel"]])

@@ -151,8 +151,8 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
         )
         assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == has, (preload, r.stderr)
 
+    from fixpack.output import Lines
     from fixpack.runner import Runner
-    from fixpack.verify import Lines
 
     runner = Runner([tmp_path], tmp_path, Lines(quiet=True))
     try:
@@ -168,8 +168,8 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
 
 def test_servers_started_before_the_engine_are_adopted_by_the_run_or_ended(tmp_path):
     from fixpack import forkserver
+    from fixpack.output import Lines
     from fixpack.runner import Runner
-    from fixpack.verify import Lines
 
     forkserver.prestart(["", "codemod"])
     try:

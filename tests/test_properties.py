@@ -30,12 +30,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fixpack import worker
-from fixpack.engine import Engine, Reporter, revert
+from fixpack.engine import Engine, revert
 from fixpack.errors import FixFailed
 from fixpack.lockfile import Lock
+from fixpack.output import Lines
 from fixpack.pack import Pack
 from fixpack.store import Store
-from fixpack.verify import Lines, verify
+from fixpack.verify import verify
 from testing.builders import fix_yaml, write_lock, write_tree
 
 FILES = ["pkg_a/r0.txt", "pkg_b/r1.txt"]
@@ -142,7 +143,7 @@ def random_pack(files, fixes_per_file, data):
 
         def engine():
             found = {p: tree / p for p in profile.packages}
-            return Engine(pack, profile, None, [], found, Store(tree / ".fixpack"), Lock.load(profile.lock_path), report=Reporter(quiet=True))
+            return Engine(pack, profile, None, [], found, Store(tree / ".fixpack"), Lock.load(profile.lock_path), report=Lines(quiet=True))
 
         yield engine, tree, pristine, final
 

@@ -36,8 +36,9 @@ def profile_name(args, pack) -> str:
 
 
 def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False, check_pack: bool = True, keep_applied_port: bool = False):
-    from fixpack.engine import Engine, Reporter
+    from fixpack.engine import Engine
     from fixpack.lockfile import Lock
+    from fixpack.output import Lines
     from fixpack.store import Store
     from fixpack.targets import default_state_dir, locate, refuse_if_imported, require
 
@@ -60,7 +61,7 @@ def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = Tru
             if not (quiet or args.json):
                 print(f"keeping port {applied_port}: applied at image build (state record {store.state_path}); `fixpack revert --all` removes it")
     lock = Lock.load(profile.lock_path) if pinned else None
-    return Engine(pack, profile, port_obj, list(opt_ins), found, store, lock, report=Reporter(quiet=quiet or args.json), check_pack=check_pack)
+    return Engine(pack, profile, port_obj, list(opt_ins), found, store, lock, report=Lines(quiet=quiet or args.json), check_pack=check_pack)
 
 
 def emit_json(data) -> None:

@@ -25,7 +25,7 @@ def run(args) -> int:
         # The fast path said "not applied": fixes will most likely run. Their servers start now, so
         # that their imports (libcst's, for codemods) overlap the loading of the pack and the base
         # check; the engine adopts them, and they are closed here if it never does.
-        forkserver.prestart(["", *(["codemod"] if _has_codemods(pack_of(args).root) else [])])
+        forkserver.prestart(_servers(pack_of(args).root))
     try:
         engine = make_engine(args, opt_ins=args.opt_in, port=args.port, keep_applied_port=True)
         refuse_development_pins(engine, allowed=args.development_base)
@@ -39,12 +39,17 @@ def run(args) -> int:
     return rc
 
 
-def _has_codemods(root) -> bool:
-    """Any codemod among the pack's fix folders (fixes*/ID, ports/*/fixes/ID): a stat per folder."""
-    for pattern in ("fixes*/*/codemod.py", "ports/*/fixes/*/codemod.py"):
-        if next(iter(root.glob(pattern)), None) is not None:
-            return True
-    return False
+def _servers(root) -> list[str]:
+    """The fork servers a run may need: the shared one, and the own server of each kind that
+    has one (the codemods') where the pack's fix folders (fixes*/ID, ports/*/fixes/ID) hold a
+    fix of that kind: a stat per folder."""
+    from fixpack import kinds
+
+    def any_fix(kind: kinds.Kind) -> bool:
+        patterns = (f"fixes*/*/{kind.change_file}", f"ports/*/fixes/*/{kind.change_file}")
+        return any(next(iter(root.glob(p)), None) is not None for p in patterns)
+
+    return ["", *(k.server for k in kinds.ALL.values() if k.server and any_fix(k))]
 
 
 def refuse_development_pins(engine, *, allowed: bool) -> None:

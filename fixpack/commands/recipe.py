@@ -63,7 +63,7 @@ def run(args) -> int:
     if args.json:
         emit_json({"recipe": str(recipe.path), "items": records, "errors": len(errors)})
     else:
-        from fixpack.verify import Lines
+        from fixpack.output import Lines
 
         lines = Lines()
         for r in records:

@@ -32,9 +32,10 @@ def run(args) -> int:
     with release.scratch("fixpack-refresh-") as work:
         tree = release.pristine_tree(profile, work)
         for fix in fixes:
-            if fix.kind != "diff":  # located by definition, not by line: nothing to refresh
+            kind = kinds.kind(fix.kind)
+            if not kind.refreshable:  # located by definition, not by line: nothing to refresh
                 sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets}
-                for rel, data in kinds.module(fix.kind).apply(fix.change_dir, sources).outputs.items():
+                for rel, data in kind.apply(fix.change_dir, sources).outputs.items():
                     atomic_write(tree / rel, data, like=os.stat(tree / rel))
                 print(f"{fix.id:<36} {fix.kind}")
                 continue

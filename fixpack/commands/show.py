@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fixpack import kinds
 from fixpack.commands._common import emit_json, pack_of
 from fixpack.errors import ConfigError, FixpackError
 
@@ -84,7 +85,7 @@ def run(args) -> int:
         print(f"\n!!! the diff on the pinned release is not shown: {unavailable}")
     if not fix.change_file.is_file():
         pass  # no release applies a shared change, and no profile was named
-    elif fix.kind != "diff" or change is None:
+    elif not kinds.kind(fix.kind).refreshable or change is None:  # else the change above is the diff
         print(f"\n--- {fix.change_file.relative_to(fix.dir)}\n{fix.change_file.read_text()}")
     else:
         print(f"\n  written as {fix.change_file.relative_to(fix.dir)} in {fix.dir}")

@@ -34,31 +34,9 @@ def _check_fix_dir(d: Path, layer: str, pack_root: Path):
 
 def _check_change(fix) -> None:
     """The release's change file parses and changes exactly the declared targets."""
-    if fix.kind == "diff":
-        from fixpack.diffpatch import parse_diff
+    from fixpack import kinds
 
-        patches = parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file))
-        declared = set(fix.target_rels)
-        changed = {p.path for p in patches}
-        if changed != declared:
-            raise ConfigError(f"{fix.change_file}: changes {sorted(changed)} but fix.yaml declares {sorted(declared)}")
-    elif fix.kind == "edit":
-        from fixpack.kinds.base import ChangeError
-        from fixpack.kinds.edit import load
-
-        try:
-            named = {e.target for e in load(fix.change_dir)}
-        except ChangeError as exc:
-            raise ConfigError(str(exc)) from exc
-        if named != set(fix.target_rels):
-            raise ConfigError(f"{fix.change_file}: edits {sorted(named)} but fix.yaml declares {sorted(fix.target_rels)}")
-    else:
-        import ast
-
-        try:
-            ast.parse(fix.change_file.read_bytes(), str(fix.change_file))
-        except SyntaxError as exc:
-            raise ConfigError(f"{fix.change_file}: does not parse: {exc.msg} at line {exc.lineno}") from exc
+    kinds.kind(fix.kind).validate(fix)
 
 
 def _listed(pack, release: str, port=None) -> set[str] | None:

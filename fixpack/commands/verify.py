@@ -16,16 +16,24 @@ def add_parser(sub):
     p.set_defaults(run=run)
 
 
+def _located(lock, root) -> dict[str, str]:
+    """The lock's packages under --root; without it, all of them where Python finds them or
+    none (one missing names them all in the not-found message, as before locate was shared)."""
+    from fixpack.locations import locate
+
+    packages = locate(lock.data["packages"], root)
+    return packages if root is not None or len(packages) == len(lock.data["packages"]) else {}
+
+
 def _applied_profile(lock, root, state_dir) -> str | None:
     from pathlib import Path
 
-    from fixpack.fastpath import locate
     from fixpack.locations import state_dir as state_folder
 
     if lock is None:
         return None
-    packages = locate(lock.data["packages"], str(root) if root else None) or {}
-    found = [Path(v) for v in packages.values() if os.path.isdir(v)]
+    packages = _located(lock, root)
+    found = [Path(v) for v in packages.values()]
     if not found:
         return None
     d = Path(state_folder(found, root, state_dir.resolve() if state_dir else None))
@@ -39,12 +47,12 @@ def _applied_profile(lock, root, state_dir) -> str | None:
 def run(args) -> int:
     from pathlib import Path
 
-    from fixpack.fastpath import locate
     from fixpack.locations import lock_path as lock_of
     from fixpack.locations import state_dir as state_folder
     from fixpack.lockfile import Lock
+    from fixpack.output import Lines
     from fixpack.store import Store
-    from fixpack.verify import Lines, verify
+    from fixpack.verify import verify
 
     pack = (args.pack or Path(__file__).resolve().parents[2]).resolve()
     root = args.root.resolve() if args.root else None
@@ -61,8 +69,7 @@ def run(args) -> int:
                 raise ConfigError(f"--profile is required: this image has no state record naming one (locks: {', '.join(os.path.basename(p) for p in locks) or 'none'})")
             lock_path = Path(lock_of(pack, applied))
     lock = Lock.load(lock_path)
-    packages = locate(lock.data["packages"], str(root) if root else None) or {}
-    found = {k: Path(v) for k, v in packages.items() if os.path.isdir(v)}
+    found = {k: Path(v) for k, v in _located(lock, root).items()}
     missing = [p for p in lock.data["packages"] if p not in found]
     if missing:
         from fixpack.errors import BaseMismatch

@@ -37,10 +37,10 @@ from typing import ClassVar, TypeVar
 import libcst as cst
 import libcst.matchers as m
 
-from fixpack.kinds.base import Applied, ChangeError, check_declared
+from fixpack.kinds import CODEMOD
+from fixpack.kinds.base import Applied, ChangeError, Rebased, added_by_texts, check_declared, rebase_by_apply
 
-CHANGE_FILE = "codemod.py"
-IDEMPOTENT = True
+CHANGE_FILE = CODEMOD.change_file
 
 N = TypeVar("N", bound=cst.CSTNode)
 
@@ -197,3 +197,39 @@ def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, kno
         for rel, data in sources.items()
     }
     return Applied(outputs, [f"{cls.__name__}: {p}" for cls, p in places], located)
+
+
+def rebase(fix, tree: Path) -> Rebased:
+    return rebase_by_apply(CODEMOD.name, apply, fix, tree)
+
+
+def added_lines(fix, tree: Path) -> dict[str, list[str]]:
+    """The new lines of the codemod's output where it applies (none where it does not)."""
+    import difflib
+
+    sources = {t.rel: (tree / t.rel).read_bytes() for t in fix.targets if (tree / t.rel).is_file()}
+    try:
+        outputs = apply(fix.change_dir, sources).outputs if len(sources) == len(fix.targets) else {}
+    except ChangeError:
+        outputs = {}
+    calls = []
+    for rel, data in outputs.items():
+        lines = list(
+            difflib.unified_diff(sources[rel].decode().splitlines(), data.decode().splitlines(), lineterm="", n=0)
+        )
+        old = "\n".join(x[1:] for x in lines if x[:1] == "-" and not x.startswith("---"))
+        new = "\n".join(x[1:] for x in lines if x[:1] == "+" and not x.startswith("+++"))
+        calls.append((rel, old, new))
+    return added_by_texts(calls)
+
+
+def validate(fix) -> None:
+    """The codemod parses; its classes' TARGETs are checked when it runs."""
+    import ast
+
+    from fixpack.errors import ConfigError
+
+    try:
+        ast.parse(fix.change_file.read_bytes(), str(fix.change_file))
+    except SyntaxError as exc:
+        raise ConfigError(f"{fix.change_file}: does not parse: {exc.msg} at line {exc.lineno}") from exc

@@ -20,10 +20,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fixpack.kinds.base import Applied, ChangeError, check_declared
+from fixpack.kinds import EDIT
+from fixpack.kinds.base import Applied, ChangeError, Rebased, added_by_texts, check_declared, rebase_by_apply
 
-CHANGE_FILE = "edits.yaml"
-IDEMPOTENT = True
+CHANGE_FILE = EDIT.change_file
 KEYS = {
     "target": "the file, package/path",
     "in": "the definition, Class.method or function",
@@ -239,3 +239,23 @@ def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, kno
             text = text[:begin] + code + text[end:]
         outputs[rel] = text.encode("utf-8")
     return Applied(outputs, parts, located)
+
+
+def rebase(fix, tree: Path) -> Rebased:
+    return rebase_by_apply(EDIT.name, apply, fix, tree)
+
+
+def added_lines(fix, tree: Path) -> dict[str, list[str]]:
+    """Each edit's new text beyond its old text."""
+    return added_by_texts([(e.target, e.old, e.new) for e in load(fix.change_dir)])
+
+
+def validate(fix) -> None:
+    from fixpack.errors import ConfigError
+
+    try:
+        named = {e.target for e in load(fix.change_dir)}
+    except ChangeError as exc:
+        raise ConfigError(str(exc)) from exc
+    if named != set(fix.target_rels):
+        raise ConfigError(f"{fix.change_file}: edits {sorted(named)} but fix.yaml declares {sorted(fix.target_rels)}")

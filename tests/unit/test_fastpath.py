@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fixpack import fastpath
+from fixpack import fastpath, locations, targets
 from fixpack.pack import Pack
 from testing.builders import fixpack
 
@@ -79,13 +79,23 @@ def test_fix_hash_is_the_pack_s_content_hash_without_parsing_yaml(pack):
 
 
 def test_locate_under_a_root_and_through_the_import_system(tmp_path):
-    assert fastpath.locate(["vllm", "vllm_gaudi"], str(tmp_path)) == {
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm_gaudi").mkdir()
+    assert locations.locate(["vllm", "vllm_gaudi", "absent"], str(tmp_path)) == {
         "vllm": str(tmp_path / "vllm"),
         "vllm_gaudi": str(tmp_path / "vllm_gaudi"),
     }
-    found = fastpath.locate(["fixpack"], None)
-    assert found is not None and found["fixpack"].endswith("fixpack")
-    assert fastpath.locate(["no_such_package_here"], None) is None
+    found = locations.locate(["fixpack"], None)
+    assert found["fixpack"].endswith("fixpack")
+    assert locations.locate(["no_such_package_here", "no.such"], None) == {}
+    assert targets.locate(["vllm", "absent"], tmp_path) == {"vllm": tmp_path / "vllm"}
+
+
+def test_a_package_missing_under_the_root_is_doubt(applied):
+    root, tree = applied
+    assert check(root, tree) is not None
+    (tree / "pkg_b").rename(tree / "moved")  # a package the lock names, no file fixed in it
+    assert check(root, tree) is None
 
 
 def _relayout(root, release_dir: bool):
