@@ -23,6 +23,7 @@ sources); anywhere else no kernels, and the HPU model refuses the switch at star
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -88,6 +89,7 @@ def load_library(lib: Path) -> str | None:
     return None
 
 
+@functools.cache  # asked once per MoE layer at model build: found once per process
 def kernels() -> Kernels | str:
     """The kernels GLM_MXK / GLM_MXK_PREFILL dispatch to here, or why there are none."""
     why = []
