@@ -13,24 +13,11 @@ Runs in the mxfp4-runner stage (its own process: the emulation is activated here
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
+import emulated_card
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(REPO / "emulation"))
-pytest.importorskip("hpu_emulation.device")
-if os.environ.get("HPU_EMULATION_IN_PROCESS") != "1":
-    pytest.skip(
-        "activates the Habana emulation in this process: run in a pytest process of its own with "
-        "HPU_EMULATION_IN_PROCESS=1 (scripts/test.sh, stage mxfp4-runner)",
-        allow_module_level=True,
-    )
-if "habana_frameworks" in sys.modules and not getattr(sys.modules["habana_frameworks"], "__hpu_emulation__", False):
-    pytest.skip("a real habana_frameworks is imported here", allow_module_level=True)
+emulated_card.require_own_process()
 
 from glm5_hpu import hpu_mxk, mxk  # noqa: E402
 from glm5_hpu.moe_mxfp4 import dequantize  # noqa: E402
@@ -41,13 +28,7 @@ E, H, INTER = 4, 256, 64  # local experts, hidden, intermediate (whole 32-blocks
 
 @pytest.fixture(scope="module")
 def hpu():
-    import hpu_emulation
-
-    hpu_emulation.activate()
-    import habana_frameworks.torch  # noqa: F401  (registers the hpu device, as the bridge does)
-    from hpu_emulation import counting
-
-    return counting
+    return emulated_card.activate()
 
 
 def _experts(seed=0):

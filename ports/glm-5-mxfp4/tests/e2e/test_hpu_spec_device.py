@@ -9,22 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import os
-import sys
 from pathlib import Path
 
+import emulated_card
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(REPO / "emulation"))
-pytest.importorskip("hpu_emulation.device")
-if os.environ.get("HPU_EMULATION_IN_PROCESS") != "1":
-    pytest.skip(
-        "activates the Habana emulation in this process: run in a pytest process of its own with "
-        "HPU_EMULATION_IN_PROCESS=1 (scripts/test.sh, stage mxfp4-runner)",
-        allow_module_level=True,
-    )
+emulated_card.require_own_process()
 pytest.importorskip("vllm.v1.sample.rejection_sampler")
 
 from glm5_hpu.spec_device import greedy_rejection  # noqa: E402
@@ -50,13 +41,7 @@ def gaudi():
 
 @pytest.fixture(scope="module")
 def hpu():
-    import hpu_emulation
-
-    hpu_emulation.activate()
-    import habana_frameworks.torch  # noqa: F401
-    from hpu_emulation import counting
-
-    return counting
+    return emulated_card.activate()
 
 
 def _batch(g, n, k):
