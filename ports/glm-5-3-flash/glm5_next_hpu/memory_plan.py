@@ -189,11 +189,11 @@ def _ensure_mla(model_config) -> str:
         raise PlanError(f"not a glm5_next_text MLA config: model_type {getattr(text, 'model_type', None)!r}")
     cls = conv.MODEL_ARCH_CONFIG_CONVERTORS.get(model_config.hf_config.model_type, conv.ModelArchConfigConvertorBase)
 
-    class _Patched(cls):  # the patch's change: glm5_next_text is in is_deepseek_mla's list
-        def is_deepseek_mla(self) -> bool:
-            return True
+    # the patch's change: glm5_next_text is in is_deepseek_mla's list (a subclass of the convertor
+    # vLLM picks for this model type, made at run time since the base is looked up)
+    convertor = type("MlaConvertor", (cls,), {"is_deepseek_mla": lambda self: True})
 
-    model_config.model_arch_config = _Patched(model_config.hf_config, text).convert()
+    model_config.model_arch_config = convertor(model_config.hf_config, text).convert()
     if not model_config.use_mla:
         raise PlanError("the model is still not MLA after recomputing vLLM's architecture config")
     return "this vLLM lacks mla-detect-glm5-next; its effect applied to the parsed config"
@@ -229,7 +229,7 @@ def build_rank_model(vllm_config, rank: int):
     par = Parallel(rank, pc.tensor_parallel_size, bool(pc.enable_expert_parallel))
     _init_single_process(vllm_config)
     saved, old_dtype = model_mod.from_vllm, torch.get_default_dtype()
-    model_mod.from_vllm = lambda _cfg: par  # the rank's place instead of vLLM's TP-group lookup
+    model_mod.from_vllm = lambda vllm_config: par  # the rank's place instead of vLLM's TP-group lookup
     vllm_config.compilation_config.static_forward_context.clear()
     try:
         torch.set_default_dtype(vllm_config.model_config.dtype)

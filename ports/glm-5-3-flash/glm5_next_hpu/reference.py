@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from .config import validate_config
 from .layers.kda_layer import KimiDeltaAttention
-from .layers.mhc import add_mhc_parameters
+from .layers.mhc import MhcLayer, add_mhc_parameters
 from .layers.mla import MLAAttention
 from .layers.moe import decoder_mlp
 from .layers.norm import RMSNorm
@@ -38,10 +38,11 @@ class Glm5NextCache:
     latent: dict = field(default_factory=dict)
 
 
-class ReferenceDecoderLayer(nn.Module):
+class ReferenceDecoderLayer(MhcLayer):
     def __init__(self, config, layer_idx: int, kda_scan: bool | None = None, sinkhorn_tpc: bool = False):
         super().__init__()
         self.is_kda = config.layer_types[layer_idx] == "linear_attention"
+        self.self_attn: KimiDeltaAttention | MLAAttention
         if self.is_kda:
             self.self_attn = KimiDeltaAttention(config, layer_idx, use_scan=kda_scan)
         else:

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE, NAME = "hpu_glm", "mhc_sinkhorn"
 SCHEMA = "(Tensor comb, float eps, int iters) -> Tensor"
-_state: dict = {"backend": None, "why": "not loaded"}
+_state: dict[str, str | None] = {"backend": None, "why": "not loaded"}
 _lib = None  # keeps the Python definition alive
 
 
@@ -47,6 +47,9 @@ def _try_kernel_library() -> str | None:
         if not loader.is_file():
             continue
         spec = importlib.util.spec_from_file_location("glm5_next_sinkhorn_kernel_op", loader)
+        if spec is None or spec.loader is None:
+            reasons.append(f"{loader} cannot be imported")
+            continue
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         if not os.environ.get("GLM5_NEXT_SINKHORN_LIB") and (d / "build" / mod.OP_LIB).is_file():
@@ -73,20 +76,20 @@ def _define_emulation() -> None:
 
 def ensure_op() -> str:
     """Make torch.ops.hpu_glm.mhc_sinkhorn callable; return its backend: 'kernel' or 'emulation'."""
-    if _state["backend"] is not None:
-        return _state["backend"]
+    known = _state["backend"]
+    if known is not None:
+        return known
     if hasattr(torch.ops, NAMESPACE) and hasattr(getattr(torch.ops, NAMESPACE), NAME):
-        _state.update(backend="kernel", why="hpu_glm::mhc_sinkhorn was already registered")
-        return "kernel"
-    why = _try_kernel_library()
-    if why is None:
-        _state.update(backend="kernel", why="the TPC kernel library is loaded")
+        backend, why = "kernel", "hpu_glm::mhc_sinkhorn was already registered"
+    elif (why_not := _try_kernel_library()) is None:
+        backend, why = "kernel", "the TPC kernel library is loaded"
     else:
         _define_emulation()
-        _state.update(backend="emulation", why=f"the kernel's operation order in PyTorch ({why})")
+        backend, why = "emulation", f"the kernel's operation order in PyTorch ({why_not})"
         level = logging.WARNING if _habana_present() else logging.INFO
-        logger.log(level, "GLM5_NEXT_MHC_SINKHORN=kernel: hpu_glm::mhc_sinkhorn is %s", _state["why"])
-    return _state["backend"]
+        logger.log(level, "GLM5_NEXT_MHC_SINKHORN=kernel: hpu_glm::mhc_sinkhorn is %s", why)
+    _state.update(backend=backend, why=why)
+    return backend
 
 
 def _habana_present() -> bool:

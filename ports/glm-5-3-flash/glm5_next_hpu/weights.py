@@ -14,11 +14,16 @@ modules after the checkpoint, so most keys load as they are. The exceptions:
 :func:`map_checkpoint_key` is the part the vLLM weight loader reuses.
 """
 
+from __future__ import annotations
+
 import re
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from .reference import Glm5NextReference
 
 # A block-FP8 expert's scale (``.weight_scale_inv``) stacks like its weight, into ``w13_weight_scale_inv`` etc.
 _EXPERT = re.compile(
@@ -48,7 +53,9 @@ def map_checkpoint_key(key: str, num_hidden_layers: int) -> Target | None:
 
 
 @torch.no_grad()
-def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> set[str]:
+def load_weights(
+    model: Glm5NextReference, weights: Iterable[tuple[str, torch.Tensor]], strict: bool = True
+) -> set[str]:
     """Copy (checkpoint key, tensor) pairs into ``model``. Returns the loaded checkpoint keys.
 
     With ``strict``, an unknown key, a shape mismatch or a parameter left unloaded raises
@@ -66,7 +73,7 @@ def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tens
             if strict:
                 raise KeyError(f"checkpoint key {key!r} has no port parameter ({target.param!r})")
             continue
-        dest = params[target.param]
+        dest: torch.Tensor = params[target.param]
         if target.expert is not None:
             dest = dest[target.expert]
             half = dest.shape[0] // 2

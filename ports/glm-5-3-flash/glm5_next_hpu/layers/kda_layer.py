@@ -5,6 +5,8 @@ prefill, or the recurrent step when decoding one token on a cached state) -> gat
 RMSNorm -> o_proj. Checkpoint names: ``layers.{i}.self_attn.*``.
 """
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -55,7 +57,7 @@ class KimiDeltaAttention(nn.Module):
         g = kda_gate(self.f_b_proj(self.f_a_proj(x)), self.A_log, self.dt_bias, self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x))
         state = cache.recurrent.get(self.layer_idx) if cache is not None else None
-        kw = dict(initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True, mask=mask)
+        kw: dict[str, Any] = dict(initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True, mask=mask)
         if state is not None and T == 1:
             o, state = fused_recurrent_kda(q, k, v, g, beta, **kw)
         else:

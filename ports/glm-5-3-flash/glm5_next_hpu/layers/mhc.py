@@ -10,6 +10,18 @@ import torch
 import torch.nn as nn
 
 
+class MhcLayer(nn.Module):
+    """A decoder layer holding the six parameters ``add_mhc_parameters`` sets (declared here so
+    they read as tensors, not as ``nn.Module.__getattr__``'s tensor-or-module)."""
+
+    hc_attn_fn: nn.Parameter
+    hc_attn_base: nn.Parameter
+    hc_attn_scale: nn.Parameter
+    hc_ffn_fn: nn.Parameter
+    hc_ffn_base: nn.Parameter
+    hc_ffn_scale: nn.Parameter
+
+
 def add_mhc_parameters(layer: nn.Module, config, requires_grad: bool = True) -> None:
     """Give ``layer`` its six mHC parameters, zero projections and biases, unit scales."""
     n = config.hc_mult

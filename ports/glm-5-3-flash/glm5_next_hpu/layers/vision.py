@@ -92,6 +92,8 @@ class PatchMerger(nn.Module):
 class VisionModel(nn.Module):
     """Patch embed -> blocks with axial 2D RoPE -> RMSNorm -> 2x2 downsample conv -> merger."""
 
+    inv_freq: torch.Tensor  # a buffer
+
     def __init__(self, vc):
         super().__init__()
         self.config = vc
@@ -109,14 +111,15 @@ class VisionModel(nn.Module):
         )
 
     def rotary(self, grid_thw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        pos, cu = [], [0]
+        parts: list[torch.Tensor] = []
+        cu = [0]
         m = self.merge
         for t, h, w in grid_thw.tolist():
             hh = torch.arange(h)[:, None].expand(h, w)
             ww = torch.arange(w)[None, :].expand(h, w)
-            pos.append(torch.stack([_block_major(hh, m), _block_major(ww, m)], dim=-1).repeat(t, 1))
+            parts.append(torch.stack([_block_major(hh, m), _block_major(ww, m)], dim=-1).repeat(t, 1))
             cu.extend(cu[-1] + h * w * (i + 1) for i in range(t))
-        pos = torch.cat(pos).to(self.inv_freq.device)  # built on the host; the tower may sit on a device
+        pos = torch.cat(parts).to(self.inv_freq.device)  # built on the host; the tower may sit on a device
         freqs = pos[..., None].float() * self.inv_freq  # [L, 2, F]
         angles = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
         angles = torch.cat([angles, angles], dim=-1)

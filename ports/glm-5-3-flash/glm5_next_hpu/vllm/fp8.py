@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -154,7 +155,7 @@ class Fp8Pairing:
         self.dequantized: list[str] = []  # weight keys, in the order they were emitted
         self.raw: list[str] = []  # weight keys emitted as FP8 bytes with their scale
 
-    def _no_spec(self, key: str, what: str):
+    def _no_spec(self, key: str, what: str) -> NoReturn:
         raise Fp8CheckpointError(f"{key}: {what} in a checkpoint whose config.json has no fp8 quantization_config")
 
     def feed(self, key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

@@ -46,11 +46,26 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
 from ..weights import map_checkpoint_key
 from .fp8 import FP8_DTYPE, BlockFp8Spec, Fp8Pairing
+
+#: the rules above, and vLLM's own ``weight_loader``: the only attributes ``mark`` sets
+RULES = frozenset({"glm5_view", "glm5_shard_dim", "glm5_fused", "glm5_experts", "glm5_weight_loader", "weight_loader"})
+_T = TypeVar("_T", bound=torch.Tensor)
+
+
+def mark(param: _T, **rules: object) -> _T:
+    """Attach sharding rules to ``param`` (as vLLM's set_weight_attrs does: attributes on the tensor)."""
+    unknown = sorted(set(rules) - RULES)
+    if unknown:
+        raise ValueError(f"unknown parameter rule(s) {unknown}; known: {sorted(RULES)}")
+    for name, value in rules.items():
+        setattr(param, name, value)
+    return param
 
 
 class CheckpointLoadError(ValueError):

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -76,13 +77,13 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from .. import mhc as port_mhc
 from ..config import UnsupportedConfigError, validate_config
 from ..kda import causal_conv1d, chunk_kda, fused_recurrent_kda, gated_rms_norm, kda_gate
-from ..layers.mhc import add_mhc_parameters
+from ..layers.mhc import MhcLayer, add_mhc_parameters
 from ..layers.mla import Indexer
 from ..layers.norm import RMSNorm
 from ..layers.vision import VisionModel
 from ..switches import read_switches
 from .fp8_config import checkpoint_fp8_spec, layer_quant_config
-from .loader import load_checkpoint
+from .loader import load_checkpoint, mark
 from .multimodal import (
     Glm5NextDummyInputsBuilder,
     Glm5NextImageModelMixin,
@@ -112,10 +113,9 @@ def _text_config(vllm_config: VllmConfig):
 
 
 def _shard(param: nn.Parameter, dim: int | None, view: tuple[int, ...] | None = None) -> nn.Parameter:
-    param.glm5_shard_dim = dim
     if view is not None:
-        param.glm5_view = view
-    return param
+        mark(param, glm5_view=view)
+    return mark(param, glm5_shard_dim=dim)
 
 
 # ============================================================================ KDA
@@ -272,11 +272,12 @@ class Glm5NextKDA(nn.Module, MambaBase):
             gg = g[s:e].view(1, L, H, K)
             bb = beta[s:e].view(1, L, H)
             S0 = rec_cache[slot].unsqueeze(0) if init else None
-            kw = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            kw: dict[str, Any] = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
             if init and L == 1:
                 o, S = fused_recurrent_kda(qq, kk, vv, gg, bb, **kw)
             else:
                 o, S = chunk_kda(qq, kk, vv, gg, bb, **kw, use_scan=self.use_scan)
+            assert S is not None  # output_final_state=True
             rec_cache[slot].copy_(S[0].to(rec_cache.dtype))
             core_out[s:e] = o[0].to(core_out.dtype)
         self.calls += 1
@@ -353,6 +354,7 @@ class Glm5NextKDA(nn.Module, MambaBase):
         else:
             o, S = fused_recurrent_kda(qq, kk, vv, gg, bb, **kw)
         self._store_conv(conv_cache, store, new_conv)
+        assert S is not None  # output_final_state=True
         rec_cache.index_copy_(0, store, S.to(rec_cache.dtype))
         core_out.copy_(o.reshape(T, H, K).to(core_out.dtype))
         self.calls += 1
@@ -509,7 +511,7 @@ class _FusedQkvA(nn.Module):
     def __init__(self, D: int, q_lora: int, kv_lora: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(q_lora + kv_lora, D), requires_grad=False)
-        self.weight.glm5_fused = {"q_a_proj.weight": (0, q_lora), "kv_a_proj_with_mqa.weight": (q_lora, kv_lora)}
+        mark(self.weight, glm5_fused={"q_a_proj.weight": (0, q_lora), "kv_a_proj_with_mqa.weight": (q_lora, kv_lora)})
 
     def forward(self, x):
         return F.linear(x, self.weight), None
@@ -538,11 +540,12 @@ class _TupleOut:
 # ============================================================================ decoder
 
 
-class Glm5NextDecoderLayer(nn.Module):
+class Glm5NextDecoderLayer(MhcLayer):
     def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str, switches, par: Parallel):
         super().__init__()
         self.is_kda = config.layer_types[layer_idx] == "linear_attention"
         attn_prefix = f"{prefix}.self_attn"
+        self.self_attn: Glm5NextKDA | Glm5NextMLA
         if self.is_kda:
             self.self_attn = Glm5NextKDA(config, vllm_config, attn_prefix, use_scan=switches.kda_scan, par=par)
         else:
@@ -642,7 +645,10 @@ def _check_checkpoint_config(vllm_config: VllmConfig, text, prefix_caching: bool
 
 
 class _Container(nn.Module):
-    pass
+    """Gives the checkpoint's names: ``model.language_model.*``, ``model.visual.*``."""
+
+    language_model: Glm5NextTextModel
+    visual: VisionModel
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -747,4 +753,5 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         return MambaStateCopyFuncCalculator.kda_state_copy_func()
 
     def kda_calls(self) -> int:
-        return sum(layer.self_attn.calls for layer in self.model.language_model.layers if layer.is_kda)
+        layers = self.model.language_model.layers
+        return sum(layer.self_attn.calls for layer in layers if isinstance(layer.self_attn, Glm5NextKDA))

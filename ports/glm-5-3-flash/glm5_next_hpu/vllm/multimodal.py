@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -60,7 +60,7 @@ GEOMETRY = {
 }
 
 
-def check_geometry_kwargs(mm_kwargs: Mapping[str, object], vision_config) -> None:
+def check_geometry_kwargs(mm_kwargs: Mapping[str, Any], vision_config) -> None:
     """Refuse processor kwargs (a request's mm_processor_kwargs) that would cut patches the tower
     was not built for: they would reach the engine as tensors of the wrong shape."""
     for key, field in GEOMETRY.items():
@@ -183,7 +183,7 @@ class Glm5NextMultiModalProcessor(BaseMultiModalProcessor[Glm5NextProcessingInfo
         self,
         prompt: str,
         mm_data: Mapping[str, object],
-        mm_kwargs: Mapping[str, object],
+        mm_kwargs: Mapping[str, Any],
         tok_kwargs: Mapping[str, object],
     ) -> BatchFeature:
         if not mm_data:
@@ -235,6 +235,10 @@ class Glm5NextImageModelMixin(SupportsMultiModal):
     Expects ``self.model.language_model`` (with ``embed_input_ids``) and, when vision is
     built, ``self.model.visual`` (``glm5_next_hpu.layers.vision.VisionModel``)."""
 
+    # SupportsMultiModal's (declared, not defined: the model is an nn.Module first, whose
+    # __getattr__ would otherwise be what a type checker sees)
+    embed_input_ids: Callable[..., torch.Tensor]
+
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
         if modality.startswith(IMAGE):
@@ -246,7 +250,7 @@ class Glm5NextImageModelMixin(SupportsMultiModal):
     def get_language_model(self) -> torch.nn.Module:
         return self.model.language_model
 
-    def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
+    def embed_multimodal(self, **kwargs: Any) -> list[torch.Tensor]:
         pixels = kwargs.pop("pixel_values", None)
         grid = kwargs.pop("image_grid_thw", None)
         if pixels is None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
@@ -44,6 +45,9 @@ import torch.nn.functional as F
 from ..config import UnsupportedConfigError
 from ..layers.moe import Router, clamped_swiglu
 from .fp8 import FP8_DTYPE, BlockFp8Spec
+from .loader import mark
+
+_T = TypeVar("_T", bound=torch.Tensor)
 
 
 def _vllm_all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -99,9 +103,8 @@ def divide(value: int, size: int, what: str, kind: str = "tensor-parallel") -> i
     return value // size
 
 
-def _mark(param: nn.Parameter, dim: int | None) -> nn.Parameter:
-    param.glm5_shard_dim = dim
-    return param
+def _mark(param: _T, dim: int | None) -> _T:
+    return mark(param, glm5_shard_dim=dim)
 
 
 class ColumnLinear(nn.Linear):
@@ -249,6 +252,7 @@ class ParallelExperts(nn.Module):
     ):
         super().__init__()
         E, D, moe_inter = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        dims: tuple[int | None, int | None]
         if par.expert_parallel:
             self.count = divide(E, par.size, "n_routed_experts", "expert-parallel")
             self.start, inter, dims = par.rank * self.count, moe_inter, (None, None)
@@ -283,7 +287,7 @@ class ParallelExperts(nn.Module):
             self.w2_weight_scale_inv = held(torch.float32, -(-D // br), inter // bc, dim=dims[1])
             params = [self.w13_weight, self.w2_weight, self.w13_weight_scale_inv, self.w2_weight_scale_inv]
         for p in params:
-            p.glm5_experts = (self.start, self.count, E)
+            mark(p, glm5_experts=(self.start, self.count, E))
         self.limit = config.swiglu_limit
         self.op, self.moe_op = op, None
         if op == "fused":
@@ -295,7 +299,7 @@ class ParallelExperts(nn.Module):
             self.quant_method = fused_moe.FusedFp8MoEMethod()
             loader = fused_moe.weight_loader(Glm5NextQuantLinear._copy)
             for p in params:
-                p.weight_loader, p.glm5_weight_loader = loader, True
+                mark(p, weight_loader=loader, glm5_weight_loader=True)
 
     def _w13(self, experts, dtype: torch.dtype) -> torch.Tensor:
         """w13 of ``experts`` (an index or a slice) in ``dtype``: dequantized here when held in FP8."""
@@ -313,6 +317,7 @@ class ParallelExperts(nn.Module):
         # default) replaced the block scales: a scale per row, one dim fewer than the weight.
         if scale_inv.dim() == weight.dim() - 1:
             return (weight.to(torch.float32) * scale_inv.unsqueeze(-1)).to(dtype)
+        assert self.fp8_block is not None  # only FP8-held experts reach here (_w13, _w2)
         return dequantize_blocks(weight, scale_inv, self.fp8_block, dtype)
 
     #: experts per batched matmul in the static form (bounds the [chunk, T, 2I] intermediate)

@@ -25,6 +25,7 @@ import torch
 from torch.nn import Parameter
 from vllm.model_executor.layers.linear import LinearBase
 
+from .loader import mark
 from .parallel import Parallel, divide
 
 SHARD_DIM = {"column": 0, "row": 1, "replicated": None}
@@ -66,11 +67,10 @@ class Glm5NextQuantLinear(LinearBase):
         )
         dim = SHARD_DIM[kind]
         for p in self.parameters(recurse=False):
-            p.glm5_shard_dim = dim
-            p.glm5_weight_loader = True
+            mark(p, glm5_shard_dim=dim, glm5_weight_loader=True)
         if bias:
             self.bias = Parameter(torch.empty(out_rank, dtype=self.params_dtype), requires_grad=False)
-            self.bias.glm5_shard_dim = 0 if kind == "column" else None
+            mark(self.bias, glm5_shard_dim=0 if kind == "column" else None)
         else:
             self.register_parameter("bias", None)
 
