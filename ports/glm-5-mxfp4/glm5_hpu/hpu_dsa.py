@@ -214,7 +214,8 @@ class _LayerDsa:
                 f"{self.keys.shape[0]}: the cache was reallocated without the runner's initialize_kv_cache"
             )
         x, q_resid, positions = self.step.pop("x"), self.step.pop("q_resid"), self.step.pop("positions")
-        positions = positions.reshape(-1)
+        # one row per token, whatever batch shape the runner gives the model
+        x, q_resid, positions = x.reshape(-1, x.shape[-1]), q_resid.reshape(-1, q_resid.shape[-1]), positions.reshape(-1)
         cos, sin = rope_cos_sin(self.config, positions, x.dtype)
         new_keys = self.indexer.keys(x, cos, sin)
         q, w = self.indexer.queries(x, q_resid, cos, sin)
