@@ -191,17 +191,19 @@ class _LayerDsa:
     pos: torch.Tensor | None = None
     step: dict = field(default_factory=dict)
 
-    def allocate(self) -> bool:
-        """The key buffers, with the rows of the layer's MLA cache as now bound; False when it has none."""
+    def allocate(self) -> int:
+        """The key buffers, with the rows of the layer's MLA cache as now bound; their bytes (0 when
+        the layer has no cache)."""
         cache = getattr(self.mla_attn, "kv_cache", None)
         if isinstance(cache, list | tuple) and cache and isinstance(cache[0], list | tuple):
             cache = cache[0]  # one entry per virtual engine in some vLLM versions
         if not isinstance(cache, list | tuple) or len(cache) < 1 or cache[0] is None or cache[0].numel() == 0:
-            return False
+            return 0
         rows = cache[0].shape[0]
-        self.keys = torch.zeros(rows, self.indexer.head_dim, dtype=cache[0].dtype, device=cache[0].device)
-        self.pos = torch.zeros(rows, dtype=torch.int32, device=cache[0].device)
-        return True
+        keys = torch.zeros(rows, self.indexer.head_dim, dtype=cache[0].dtype, device=cache[0].device)
+        pos = torch.zeros(rows, dtype=torch.int32, device=cache[0].device)
+        self.keys, self.pos = keys, pos
+        return keys.numel() * keys.element_size() + pos.numel() * pos.element_size()
 
     def bias(self, kv_cache, md):
         """The step's attention metadata with the selection applied (None: no buffers yet, the
@@ -215,7 +217,11 @@ class _LayerDsa:
             )
         x, q_resid, positions = self.step.pop("x"), self.step.pop("q_resid"), self.step.pop("positions")
         # one row per token, whatever batch shape the runner gives the model
-        x, q_resid, positions = x.reshape(-1, x.shape[-1]), q_resid.reshape(-1, q_resid.shape[-1]), positions.reshape(-1)
+        x, q_resid, positions = (
+            x.reshape(-1, x.shape[-1]),
+            q_resid.reshape(-1, q_resid.shape[-1]),
+            positions.reshape(-1),
+        )
         cos, sin = rope_cos_sin(self.config, positions, x.dtype)
         new_keys = self.indexer.keys(x, cos, sin)
         q, w = self.indexer.queries(x, q_resid, cos, sin)
@@ -383,14 +389,12 @@ def _hook_runner() -> None:
 
     def initialize_kv_cache(self, kv_cache_config) -> None:
         initialize(self, kv_cache_config)
-        allocated = [s for s in list(_LAYERS) if s.allocate()]
-        if allocated:
-            size = sum(s.keys.numel() * s.keys.element_size() + s.pos.numel() * 4 for s in allocated)
+        sizes = [s.allocate() for s in list(_LAYERS)]
+        if any(sizes):
             logger.info(
-                "glm5_hpu: DSA indexer-key buffers for %d layers, %d slots each, %.1f MiB",
-                len(allocated),
-                allocated[0].keys.shape[0],
-                size / 2**20,
+                "glm5_hpu: DSA indexer-key buffers for %d layers, %.1f MiB",
+                sum(1 for n in sizes if n),
+                sum(sizes) / 2**20,
             )
 
     runner.initialize_kv_cache = initialize_kv_cache
