@@ -112,8 +112,8 @@ def dense_run(tree, ckpt):
 
 
 def test_sparse_top_k_on_vllm_gaudis_mla_matches_transformers_sparse_attention(tree, ckpt, references, monkeypatch):
-    """The greedy tokens follow transformers' sparse attention where it parts from its dense
-    attention: the top-k ran, on every prompt batched and alone."""
+    """The greedy tokens, batched and alone, follow transformers' sparse attention, and so part
+    from its dense attention where that does (the references differ): the top-k ran."""
     sparse, dense = references
     _, result = _serve(tree, ckpt[1], monkeypatch, **SPARSE)
     assert result["backend"] == "HPUMLAAttentionBackend"
