@@ -92,12 +92,17 @@ class DsaIndexer:
         k = F.layer_norm(F.linear(x, self.wk), (self.head_dim,), self.k_norm_w, self.k_norm_b, eps=1e-6)
         return torch.cat([rope_interleaved(k[:, : self.rope], cos, sin), k[:, self.rope :]], dim=-1)
 
-    def scores(self, x: torch.Tensor, q_resid: torch.Tensor, cos, sin, keys: torch.Tensor) -> torch.Tensor:
-        """float32 [S, T]: sum over heads of weight_h(x) * relu(q_h . k / sqrt(D)), unmasked."""
+    def queries(self, x: torch.Tensor, q_resid: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indexer's queries float32 [S, h, D] (rotated) and head weights float32 [S, h]."""
         q = F.linear(q_resid, self.wq_b).view(x.shape[0], self.n_heads, self.head_dim)
         q = torch.cat([rope_interleaved(q[..., : self.rope], cos, sin), q[..., self.rope :]], dim=-1)
-        per_head = F.relu(torch.matmul(q.float(), keys.t().float()) * self.head_dim**-0.5)  # [S, h, T]
-        w = F.linear(x.to(self.weights_proj.dtype), self.weights_proj).float() * self.n_heads**-0.5  # [S, h]
+        w = F.linear(x.to(self.weights_proj.dtype), self.weights_proj).float() * self.n_heads**-0.5
+        return q.float(), w
+
+    def scores(self, x: torch.Tensor, q_resid: torch.Tensor, cos, sin, keys: torch.Tensor) -> torch.Tensor:
+        """float32 [S, T]: sum over heads of weight_h(x) * relu(q_h . k / sqrt(D)), unmasked."""
+        q, w = self.queries(x, q_resid, cos, sin)
+        per_head = F.relu(torch.matmul(q, keys.t().float()) * self.head_dim**-0.5)  # [S, h, T]
         return torch.matmul(w.unsqueeze(-2), per_head).squeeze(-2)
 
 

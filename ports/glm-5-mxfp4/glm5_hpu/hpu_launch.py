@@ -3,9 +3,12 @@ check is tested without vLLM, and glm5_hpu/vllm_hpu.py runs it at engine start-u
 
 What the switches mean on this platform (port.yaml has the full meaning):
 
-* ``GLM_DSA_SPARSE=1``: exact while a query sees at most 32,768 keys (dense MLA is the model's
-  attention there); a ``--max-model-len`` above that is refused, since vllm-gaudi's MLA path has no
-  top-k yet. ``0``: dense MLA at every length, as vllm-gaudi serves DSA.
+* ``GLM_DSA_SPARSE=1``: dense MLA (vllm-gaudi's, unchanged) while ``--max-model-len`` is at most
+  the threshold (32,768 keys); above it the top-k of glm5_hpu/hpu_dsa.py as an attention bias on
+  vllm-gaudi's MLA, each query that sees more than 32,768 keys attending to its ``index_topk``
+  best-scored keys. Refused above the threshold where the config has "shared" indexer layers
+  (reusing the previous layer's selection: not built). ``0``: dense MLA at every length, as
+  vllm-gaudi serves DSA.
 * ``GLM_MXK`` / ``GLM_MXK_PREFILL``: ``0`` = vllm-gaudi's stock MXFP4 MoE op; ``1`` (and auto,
   which means the kernels on HPU) = the GLM kernels for decode-sized / 256- to 4,096-token calls
   (glm5_hpu/hpu_mxk.py): their built library, or on the Habana emulation their operation order in
@@ -22,22 +25,35 @@ What the switches mean on this platform (port.yaml has the full meaning):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .dsa import SEED_THRESHOLD
 from .switches import Switches, resolve_auto
 
 
 def hpu_not_built(
-    switches: Switches, *, max_model_len: int, speculative: bool, kernels_missing: str | None = None
+    switches: Switches,
+    *,
+    max_model_len: int,
+    speculative: bool,
+    kernels_missing: str | None = None,
+    threshold: int = SEED_THRESHOLD,
+    shared_indexer_layers: Sequence[int] = (),
 ) -> list[str]:
     """Each switch whose requested path vllm-gaudi's runner does not have with this port, as
     ``"GLM_X=v: why; set ..."``; empty when the launch can be served as asked. ``kernels_missing``:
-    why the MXFP4 MoE kernels cannot run here (glm5_hpu/hpu_mxk.py ``kernels()``), None when they can."""
+    why the MXFP4 MoE kernels cannot run here (glm5_hpu/hpu_mxk.py ``kernels()``), None when they can.
+    ``threshold``: the DSA threshold of this launch (glm5_hpu/hpu_dsa.py ``threshold``);
+    ``shared_indexer_layers``: the layers whose config ``indexer_types`` entry is "shared"."""
     problems = []
-    if switches.dsa_sparse and max_model_len > SEED_THRESHOLD:
+    if switches.dsa_sparse and max_model_len > threshold and shared_indexer_layers:
+        shown = ", ".join(str(i) for i in shared_indexer_layers[:8]) + (
+            " ..." if len(shared_indexer_layers) > 8 else ""
+        )
         problems.append(
-            f"GLM_DSA_SPARSE=1 with --max-model-len {max_model_len}: vllm-gaudi's MLA path runs DSA layers as "
-            f"dense attention, the model's own only up to {SEED_THRESHOLD} keys; the top-k above that is not "
-            f"built on HPU. Use --max-model-len <= {SEED_THRESHOLD}, or GLM_DSA_SPARSE=0 for dense attention at "
+            f'GLM_DSA_SPARSE=1 with --max-model-len {max_model_len}: the config\'s indexer_types has "shared" '
+            f"layers ({shown}), which reuse the previous layer's top-k; that is not built on HPU. Use "
+            f"--max-model-len <= {threshold} (dense MLA, exact there), or GLM_DSA_SPARSE=0 for dense attention at "
             "every length"
         )
     for name, value in (("GLM_MXK", switches.mxk), ("GLM_MXK_PREFILL", switches.mxk_prefill)):

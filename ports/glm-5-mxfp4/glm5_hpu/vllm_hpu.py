@@ -2,7 +2,8 @@
 
 vLLM has the model (``GlmMoeDsaForCausalLM``, its MTP draft ``DeepSeekMTP``) and vllm-gaudi
 serves it: its MLA backend (DSA layers as dense MLA, the indexer built and never run:
-vllm_gaudi/attention/oot_mla.py), and, with the port's patches mxfp4-quant-on-hpu and
+vllm_gaudi/attention/oot_mla.py; with GLM_DSA_SPARSE=1 above the threshold, the port's top-k as an
+attention bias on it, glm5_hpu/hpu_dsa.py), and, with the port's patches mxfp4-quant-on-hpu and
 mxfp4-moe-non-gpt-oss, the MXFP4 routed experts through vllm-gaudi's own MXFP4 MoE op
 (``VllmMixtureOfExpertsOpMXFP4``, fed expert by expert, the expert-parallel shift included).
 What the port adds here:
@@ -25,7 +26,7 @@ from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
 
-from . import spec_device
+from . import hpu_dsa, spec_device
 from .hpu_launch import hpu_not_built
 from .hpu_mxk import GlmMxkMoEOp, kernels
 from .router_config import fill_router_defaults
@@ -42,11 +43,14 @@ def check_launch(vllm_config) -> Switches:
     switches = read_switches()
     wants_kernels = resolve_auto(switches.mxk, on_hpu=True) or resolve_auto(switches.mxk_prefill, on_hpu=True)
     found = kernels() if wants_kernels else None
+    config = vllm_config.model_config.hf_config
     problems = hpu_not_built(
         switches,
         max_model_len=vllm_config.model_config.max_model_len,
         speculative=vllm_config.speculative_config is not None,
         kernels_missing=found if isinstance(found, str) else None,
+        threshold=hpu_dsa.threshold(),
+        shared_indexer_layers=[i for i, t in enumerate(getattr(config, "indexer_types", None) or []) if t == "shared"],
     )
     if problems:
         raise SwitchError("glm5_hpu on HPU cannot serve this launch as asked:\n  " + "\n  ".join(problems))
@@ -70,6 +74,12 @@ class GlmMoeDsaHpuForCausalLM(GlmMoeDsaForCausalLM):
         switches = check_launch(vllm_config)
         _fill(vllm_config.model_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        threshold = hpu_dsa.threshold()
+        if switches.dsa_sparse and vllm_config.model_config.max_model_len > threshold:
+            layers = hpu_dsa.install(self, vllm_config.model_config.hf_config, threshold)
+            if layers == 0:
+                raise SwitchError("GLM_DSA_SPARSE=1: the model built no DSA indexer (is index_topk in config.json?)")
+            logger.info("glm5_hpu: DSA top-k in %d MLA layers above %d keys", layers, threshold)
         if vllm_config.speculative_config is not None and switches.spec_device_reject:
             spec_device.install()  # vllm-gaudi's sampler module is imported by now: ours is installed last
 

@@ -67,10 +67,27 @@ def test_device_rejection_is_served():
     assert _problems({**SERVED, "GLM_SPEC_DEVICE_REJECT": "1"}) == []
 
 
-def test_sparse_attention_above_the_threshold_is_refused_not_served_dense():
+def test_sparse_attention_above_the_threshold_is_served_without_shared_indexer_layers():
     assert _problems(SERVED, max_model_len=32768) == []
-    (problem,) = _problems(SERVED, max_model_len=131072)
-    assert problem.startswith("GLM_DSA_SPARSE=1 with --max-model-len 131072") and "32768" in problem
+    assert _problems(SERVED, max_model_len=131072) == []  # the top-k of glm5_hpu/hpu_dsa.py
+
+
+def test_shared_indexer_layers_above_the_threshold_are_refused_naming_them():
+    def problems(max_model_len, threshold=32768, env=SERVED):
+        return hpu_not_built(
+            read_switches(env),
+            max_model_len=max_model_len,
+            speculative=False,
+            threshold=threshold,
+            shared_indexer_layers=[3, 4],
+        )
+
+    assert problems(32768) == []  # dense MLA is exact there
+    assert problems(131072, env={**SERVED, "GLM_DSA_SPARSE": "0"}) == []
+    (problem,) = problems(131072)
+    assert problem.startswith("GLM_DSA_SPARSE=1 with --max-model-len 131072") and "(3, 4)" in problem
+    (problem,) = problems(512, threshold=16)  # a test threshold moves the limit
+    assert "--max-model-len <= 16" in problem
 
 
 def test_the_seed_launch_values_are_all_reported_at_once():
@@ -86,7 +103,6 @@ def test_the_seed_launch_values_are_all_reported_at_once():
     )
     problems = _problems(seed, max_model_len=131072)
     assert [p.split("=")[0].split(" ")[0] for p in problems] == [
-        "GLM_DSA_SPARSE",
         "GLM_MXK",
         "GLM_MXK_PREFILL",
         "GLM_MOE_TP",
