@@ -11,7 +11,10 @@ What the port adds here:
   before the model is built, on the target and on the MTP draft;
 * the switches, checked at start-up: a switch whose requested path is not built on HPU stops the
   engine with a message naming the switch and what to set, instead of serving another path than
-  the launch asked for (glm5_hpu/hpu_launch.py).
+  the launch asked for (glm5_hpu/hpu_launch.py);
+* with MTP, the decode levers: greedy rejection on the card (GLM_SPEC_DEVICE_REJECT,
+  glm5_hpu/spec_device.py) and the draft launched before the step's tokens are read back
+  (GLM_EARLY_DRAFT, glm5_hpu/early_draft.py).
 
 What each switch means on this platform: glm5_hpu/hpu_launch.py.
 """
@@ -25,7 +28,7 @@ from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
 
-from . import spec_device
+from . import early_draft, spec_device
 from .hpu_launch import hpu_not_built
 from .hpu_mxk import GlmMxkMoEOp, kernels
 from .router_config import fill_router_defaults
@@ -72,6 +75,8 @@ class GlmMoeDsaHpuForCausalLM(GlmMoeDsaForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         if vllm_config.speculative_config is not None and switches.spec_device_reject:
             spec_device.install()  # vllm-gaudi's sampler module is imported by now: ours is installed last
+        if vllm_config.speculative_config is not None and switches.early_draft:
+            early_draft.install()
 
 
 class GlmMoeDsaHpuMTP(DeepSeekMTP):
