@@ -80,13 +80,34 @@ class GlmMoeDsaHpuForCausalLM(GlmMoeDsaForCausalLM):
 
 
 class GlmMoeDsaHpuMTP(DeepSeekMTP):
-    """vLLM's DeepSeekMTP (vLLM 0.27.0's draft for glm_moe_dsa) with the router keys filled; any other
-    DeepSeek-style MTP is built exactly as vLLM builds it."""
+    """vLLM's DeepSeekMTP (vLLM 0.27.0's draft for glm_moe_dsa) with the router keys filled and its
+    residual kept in shape (:func:`residual_shaped`); any other DeepSeek-style MTP is built so too."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         spec = vllm_config.speculative_config
         _fill(vllm_config.model_config, spec.draft_model_config if spec is not None else None)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        for layer in self.model.layers.values():
+            residual_shaped(layer.mtp_block)
+
+
+def residual_shaped(block) -> None:
+    """The MTP layer's decoder block returns its output in the residual's shape.
+
+    vLLM's DeepSeekMultiTokenPredictorLayer adds the block's (hidden, residual) itself:
+    ``residual + hidden_states``. On vllm-gaudi the drafter feeds [rows, 1, hidden] (3-D), the
+    residual keeps that shape while the block's output comes back [rows, hidden] (vllm-gaudi's fused
+    RMSNorm adds its input reshaped to the residual's shape and returns it in the input's own shape;
+    the attention and MoE work on [rows, hidden]), so the sum broadcasts to [rows, rows, hidden] and,
+    flattened, the draft's row i reads row 0's residual (i < rows). Inside the target model the pair
+    only meets in that RMSNorm, which reshapes; here it is reshaped as there."""
+    forward = block.forward
+
+    def shaped(*args, **kwargs):
+        hidden, residual = forward(*args, **kwargs)
+        return hidden.reshape(residual.shape), residual
+
+    block.forward = shaped
 
 
 # ------------------------------------------------------------------ GLM_MXK / GLM_MXK_PREFILL
