@@ -204,7 +204,7 @@ def install() -> None:
             return parse_output(output_token_ids, vocab_size, discard_req_indices, logprobs_tensors)
         drafts = _draft(runner, step, output_token_ids, vocab_size, vllm_rejection.PLACEHOLDER_TOKEN_ID)
         if step.prefills:
-            # prompts finish in this step too: their drafts come after it, on the card, and all
+            # prompts run in this step too: their drafts come after it, on the card, and all
             # are read together by take_draft_token_ids, as before
             step.drafts = drafts
             return parse_output(output_token_ids, vocab_size, discard_req_indices, logprobs_tensors)
