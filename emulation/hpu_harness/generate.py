@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
     ap.add_argument(
-        "--phases", action="store_true", help="also count sampling and drafting as steps ('sample', 'draft')"
+        "--phases",
+        action="store_true",
+        help="also count sampling, drafting and the drafts' fetch as steps ('sample', 'draft', 'take drafts')",
     )
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument(

@@ -42,12 +42,18 @@ def _phase(label):
 
 
 def instrument_runner(phases: bool = False) -> None:
-    """``phases``: also count sampling (``sample_tokens``) and drafting (``propose_draft_token_ids``)
-    as steps of their own ("sample", "draft")."""
+    """``phases``: also count sampling (``sample_tokens``), drafting (``propose_draft_token_ids``) and
+    the engine's fetch of the drafts after the step (``take_draft_token_ids``) as steps of their own
+    ("sample", "draft", "take drafts")."""
     from vllm_gaudi.v1.worker.hpu_model_runner import HPUModelRunner
 
     _wrap(HPUModelRunner, "_execute_model_generic", _step)
-    for name, label in (("sample_tokens", "sample"), ("propose_draft_token_ids", "draft")) if phases else ():
+    phase_methods = (
+        ("sample_tokens", "sample"),
+        ("propose_draft_token_ids", "draft"),
+        ("take_draft_token_ids", "take drafts"),
+    )
+    for name, label in phase_methods if phases else ():
         if hasattr(HPUModelRunner, name):
             _wrap(HPUModelRunner, name, _phase(label))
     _wrap(HPUModelRunner, "load_model", lambda self, a, k: memory.purpose("weights"))

@@ -19,8 +19,9 @@ What the switches mean on this platform (port.yaml has the full meaning):
   reference routing) is not wired on HPU: refused.
 * ``GLM_SPEC_DEVICE_REJECT=1``: greedy batches' rejection on the card (glm5_hpu/spec_device.py);
   0: vllm-gaudi's, which reads its inputs back to the host first.
-* ``GLM_EARLY_DRAFT=1``: not built; refused when speculative decoding is on (it means nothing
-  without it).
+* ``GLM_EARLY_DRAFT=1``: with MTP, a verify step's draft runs on the card from the rejection output
+  before the step's tokens are read back, and both are read in one copy (glm5_hpu/early_draft.py);
+  0: vLLM's drafting after the step. Nothing to do without speculative decoding.
 """
 
 from __future__ import annotations
@@ -72,6 +73,4 @@ def hpu_not_built(
             "GLM_ROUTER_FAST=0: the reference routing is the CPU path's; on HPU the router is vllm-gaudi's "
             "(on the device): set GLM_ROUTER_FAST=1"
         )
-    if speculative and switches.early_draft:
-        problems.append("GLM_EARLY_DRAFT=1: not built on HPU; set GLM_EARLY_DRAFT=0 (vLLM's own drafting)")
     return problems

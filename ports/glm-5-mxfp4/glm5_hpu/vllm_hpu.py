@@ -12,7 +12,10 @@ What the port adds here:
   before the model is built, on the target and on the MTP draft;
 * the switches, checked at start-up: a switch whose requested path is not built on HPU stops the
   engine with a message naming the switch and what to set, instead of serving another path than
-  the launch asked for (glm5_hpu/hpu_launch.py).
+  the launch asked for (glm5_hpu/hpu_launch.py);
+* with MTP, the decode levers: greedy rejection on the card (GLM_SPEC_DEVICE_REJECT,
+  glm5_hpu/spec_device.py) and the draft launched before the step's tokens are read back
+  (GLM_EARLY_DRAFT, glm5_hpu/early_draft.py).
 
 What each switch means on this platform: glm5_hpu/hpu_launch.py.
 """
@@ -26,7 +29,7 @@ from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
 
-from . import hpu_dsa, spec_device
+from . import early_draft, hpu_dsa, spec_device
 from .hpu_launch import hpu_not_built
 from .hpu_mxk import GlmMxkMoEOp, kernels
 from .router_config import fill_router_defaults
@@ -82,16 +85,39 @@ class GlmMoeDsaHpuForCausalLM(GlmMoeDsaForCausalLM):
             logger.info("glm5_hpu: DSA top-k in %d MLA layers above %d keys", layers, threshold)
         if vllm_config.speculative_config is not None and switches.spec_device_reject:
             spec_device.install()  # vllm-gaudi's sampler module is imported by now: ours is installed last
+        if vllm_config.speculative_config is not None and switches.early_draft:
+            early_draft.install()
 
 
 class GlmMoeDsaHpuMTP(DeepSeekMTP):
-    """vLLM's DeepSeekMTP (vLLM 0.27.0's draft for glm_moe_dsa) with the router keys filled; any other
-    DeepSeek-style MTP is built exactly as vLLM builds it."""
+    """vLLM's DeepSeekMTP (vLLM 0.27.0's draft for glm_moe_dsa) with the router keys filled and its
+    residual kept in shape (:func:`residual_shaped`); any other DeepSeek-style MTP is built so too."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         spec = vllm_config.speculative_config
         _fill(vllm_config.model_config, spec.draft_model_config if spec is not None else None)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        for layer in self.model.layers.values():
+            residual_shaped(layer.mtp_block)
+
+
+def residual_shaped(block) -> None:
+    """The MTP layer's decoder block returns its output in the residual's shape.
+
+    vLLM's DeepSeekMultiTokenPredictorLayer adds the block's (hidden, residual) itself:
+    ``residual + hidden_states``. On vllm-gaudi the drafter feeds [rows, 1, hidden] (3-D), the
+    residual keeps that shape while the block's output comes back [rows, hidden] (vllm-gaudi's fused
+    RMSNorm adds its input reshaped to the residual's shape and returns it in the input's own shape;
+    the attention and MoE work on [rows, hidden]), so the sum broadcasts to [rows, rows, hidden] and,
+    flattened, the draft's row i reads row 0's residual (i < rows). Inside the target model the pair
+    only meets in that RMSNorm, which reshapes; here it is reshaped as there."""
+    forward = block.forward
+
+    def shaped(*args, **kwargs):
+        hidden, residual = forward(*args, **kwargs)
+        return hidden.reshape(residual.shape), residual
+
+    block.forward = shaped
 
 
 # ------------------------------------------------------------------ GLM_MXK / GLM_MXK_PREFILL

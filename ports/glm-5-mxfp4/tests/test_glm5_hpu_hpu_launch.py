@@ -38,7 +38,6 @@ def test_what_is_built_passes():
         ({"GLM_MOE_TP": "2"}, "GLM_MOE_TP=2"),
         ({"GLM_MOE_PLACEMENT": "/p.json"}, "GLM_MOE_PLACEMENT=/p.json"),
         ({"GLM_ROUTER_FAST": "0"}, "GLM_ROUTER_FAST=0"),
-        ({"GLM_EARLY_DRAFT": "1"}, "GLM_EARLY_DRAFT=1"),
     ],
 )
 def test_each_path_not_built_is_named_with_what_to_set(change, named):
@@ -65,6 +64,12 @@ def test_decode_levers_mean_nothing_without_speculation():
 
 def test_device_rejection_is_served():
     assert _problems({**SERVED, "GLM_SPEC_DEVICE_REJECT": "1"}) == []
+
+
+def test_early_draft_is_served_with_speculation():
+    # glm5_hpu/early_draft.py; run on the runner in tests/e2e/test_vllm_gaudi_mtp_levers.py
+    assert _problems({**SERVED, "GLM_EARLY_DRAFT": "1"}) == []
+    assert _problems({**SERVED, "GLM_EARLY_DRAFT": "1", "GLM_SPEC_DEVICE_REJECT": "1"}) == []
 
 
 def test_sparse_attention_above_the_threshold_is_served_without_shared_indexer_layers():
@@ -107,7 +112,6 @@ def test_the_seed_launch_values_are_all_reported_at_once():
         "GLM_MXK_PREFILL",
         "GLM_MOE_TP",
         "GLM_MOE_PLACEMENT",
-        "GLM_EARLY_DRAFT",
     ]
 
 

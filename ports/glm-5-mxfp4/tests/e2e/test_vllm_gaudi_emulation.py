@@ -356,8 +356,8 @@ def test_device_rejection_keeps_every_output_and_reads_nothing_back(tree, consta
 def test_the_seed_launch_switches_are_refused_with_what_to_set(tree, ckpt, monkeypatch):
     """The seed's launch block sets GLM_MXK=1, GLM_MOE_TP=2 and the three decode levers to 1; what is
     not built on HPU stops the engine at start-up, naming each switch (glm5_hpu/hpu_launch.py). The
-    kernels are there (their emulation) and device rejection is built, so GLM_MXK, GLM_MXK_PREFILL and
-    GLM_SPEC_DEVICE_REJECT are not among them."""
+    kernels are there (their emulation) and device rejection and the early draft are built, so GLM_MXK,
+    GLM_MXK_PREFILL, GLM_SPEC_DEVICE_REJECT and GLM_EARLY_DRAFT are not among them."""
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
     proc, result = _serve(
         tree,
@@ -375,4 +375,4 @@ def test_the_seed_launch_switches_are_refused_with_what_to_set(tree, ckpt, monke
     assert "cannot serve this launch as asked" in proc.stderr, proc.stderr[-4000:]
     refusal = proc.stderr[proc.stderr.index("cannot serve this launch as asked") :]
     named = [name for name in SWITCHES if f"  {name}=" in refusal.split("\n\n")[0]]
-    assert named == ["GLM_MOE_TP", "GLM_EARLY_DRAFT"], refusal[:2000]
+    assert named == ["GLM_MOE_TP"], refusal[:2000]
