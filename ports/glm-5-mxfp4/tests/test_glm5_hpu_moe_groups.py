@@ -176,6 +176,8 @@ def test_placed_moe_is_the_same_moe_bit_for_bit_at_top_2():
     stored.slot = {s: s for s in range(16)}  # the op on the card knows slots only
 
     class SlotOp(torch.nn.Module):
+        experts_min, experts_max = 0, 15  # one card, every slot
+
         def forward(
             self, hidden_states, expert_routing_table, router_weights, permuted_weights=True, activation="silu"
         ):
