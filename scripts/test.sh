@@ -95,6 +95,11 @@ if [ -x .venv-cpu/bin/python ]; then
     "${FAULT[@]}" ports/glm-5-mxfp4/tests/e2e/test_hpu_mxk_op.py ports/glm-5-mxfp4/tests/e2e/test_hpu_spec_device.py
   rc5=$?
   [ "$rc4" -eq 0 ] && rc4=$rc5
+  # GLM_MOE_TP's expert groups and GLM_MOE_PLACEMENT through the runner, worker processes as ranks
+  bounded 1800 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" "${FAULT[@]}" \
+    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_moe_tp.py
+  rc6=$?
+  [ "$rc4" -eq 0 ] && rc4=$rc6
   stage "mxfp4-runner"
   [ "$rc4" -eq 5 ] && { echo "!!! glm-5-mxfp4 runner: pytest collected no tests"; rc4=0; }
 else

@@ -13,7 +13,13 @@ What the switches mean on this platform (port.yaml has the full meaning):
   which means the kernels on HPU) = the GLM kernels for decode-sized / 256- to 4,096-token calls
   (glm5_hpu/hpu_mxk.py): their built library, or on the Habana emulation their operation order in
   PyTorch; refused where neither is there.
-* ``GLM_MOE_TP`` > 1, ``GLM_MOE_PLACEMENT``: not built on HPU: refused.
+* ``GLM_MOE_TP=N`` > 1: the expert-group layout (glm5_hpu/vllm_hpu.py): the TP ranks form TP/N
+  expert groups of N consecutive ranks, each holding its group's experts at 1/N of the
+  intermediate dimension. Needs ``--enable-expert-parallel``, N dividing the TP size, no data
+  parallelism, and an intermediate size that splits into N parts of whole 32-element blocks;
+  anything else is refused.
+* ``GLM_MOE_PLACEMENT=FILE``: the experts stored in the file's order (glm5_hpu/vllm_hpu.py); the
+  file is read and checked at start-up (glm5_hpu/placement.py), a bad one refused.
 * ``GLM_ROUTER_FAST=1``: vllm-gaudi's own routing (grouped top-k with the correction bias, on the
   device; the emulation counts no host synchronisation inside a decode step). ``0`` (the CPU
   reference routing) is not wired on HPU: refused.
@@ -28,8 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import placement
 from .dsa import SEED_THRESHOLD
 from .switches import Switches, resolve_auto
+
+BLOCK = 32  # elements per MXFP4 block (one E8M0 scale): GLM_MOE_TP splits whole blocks only
 
 
 def hpu_not_built(
@@ -40,12 +49,18 @@ def hpu_not_built(
     kernels_missing: str | None = None,
     threshold: int = SEED_THRESHOLD,
     shared_indexer_layers: Sequence[int] = (),
+    tensor_parallel: int = 1,
+    expert_parallel: bool = False,
+    data_parallel: int = 1,
+    hf_config=None,
 ) -> list[str]:
     """Each switch whose requested path vllm-gaudi's runner does not have with this port, as
     ``"GLM_X=v: why; set ..."``; empty when the launch can be served as asked. ``kernels_missing``:
     why the MXFP4 MoE kernels cannot run here (glm5_hpu/hpu_mxk.py ``kernels()``), None when they can.
     ``threshold``: the DSA threshold of this launch (glm5_hpu/hpu_dsa.py ``threshold``);
-    ``shared_indexer_layers``: the layers whose config ``indexer_types`` entry is "shared"."""
+    ``shared_indexer_layers``: the layers whose config ``indexer_types`` entry is "shared";
+    ``hf_config``: the model's config (its MoE intermediate size; a placement file is read and
+    checked against it); None skips those two checks."""
     problems = []
     if switches.dsa_sparse and max_model_len > threshold and shared_indexer_layers:
         shown = ", ".join(str(i) for i in shared_indexer_layers[:8]) + (
@@ -61,16 +76,36 @@ def hpu_not_built(
         if resolve_auto(value, on_hpu=True) and kernels_missing is not None:
             shown = "auto (the kernels on HPU)" if value is None else "1"
             problems.append(f"{name}={shown}: {kernels_missing}; set {name}=0 for vllm-gaudi's stock MXFP4 MoE op")
-    if switches.moe_tp != 1:
-        problems.append(
-            f"GLM_MOE_TP={switches.moe_tp}: the expert-group x tensor-parallel layout is not built on HPU; "
-            "set GLM_MOE_TP=1 (plain expert parallelism)"
-        )
-    if switches.moe_placement is not None:
-        problems.append(f"GLM_MOE_PLACEMENT={switches.moe_placement}: the placement hook is not built on HPU; unset it")
+    problems += _moe_tp_problems(switches.moe_tp, tensor_parallel, expert_parallel, data_parallel, hf_config)
+    if switches.moe_placement is not None and hf_config is not None:
+        try:
+            placement.load(switches.moe_placement, hf_config)
+        except placement.PlacementError as exc:
+            problems.append(f"GLM_MOE_PLACEMENT={switches.moe_placement}: {exc}; fix the file or unset it")
     if not switches.router_fast:
         problems.append(
             "GLM_ROUTER_FAST=0: the reference routing is the CPU path's; on HPU the router is vllm-gaudi's "
             "(on the device): set GLM_ROUTER_FAST=1"
+        )
+    return problems
+
+
+def _moe_tp_problems(n: int, tp: int, ep: bool, dp: int, hf_config) -> list[str]:
+    if n == 1:
+        return []
+    at = f"GLM_MOE_TP={n}"
+    fix = "or set GLM_MOE_TP=1 (whole experts per card)"
+    problems = []
+    if tp % n:
+        problems.append(f"{at}: does not divide the tensor-parallel size {tp}; set a divisor of {tp} {fix}")
+    if not ep:
+        problems.append(f"{at}: the expert-group layout is expert parallelism: add --enable-expert-parallel {fix}")
+    if dp != 1:
+        problems.append(f"{at} with data-parallel size {dp}: the layout across data-parallel ranks is not built; {fix}")
+    inter = getattr(hf_config, "moe_intermediate_size", None) if hf_config is not None else None
+    if isinstance(inter, int) and inter % (n * BLOCK):
+        problems.append(
+            f"{at}: moe_intermediate_size {inter} does not split into {n} parts of whole {BLOCK}-element MXFP4 "
+            f"blocks; {fix}"
         )
     return problems

@@ -75,6 +75,17 @@ def expert_group(rank: int, world: int, moe_tp: int) -> tuple[int, int, int]:
     return rank // moe_tp, world // moe_tp, rank % moe_tp
 
 
+def slots(order: list[int] | tuple[int, ...]) -> list[int]:
+    """The inverse of a stored order: ``slots(order)[e]`` is the slot that stores expert ``e``
+    (what a router's expert id is mapped through to reach the stored tensors)."""
+    inverse = [-1] * len(order)
+    for s, e in enumerate(order):
+        if not 0 <= e < len(order) or inverse[e] != -1:
+            raise PlacementError(f"{list(order)} is not a permutation of 0..{len(order) - 1}")
+        inverse[e] = s
+    return inverse
+
+
 def identity(config) -> Placement:
     return Placement(config.n_routed_experts, {})
 

@@ -13,6 +13,10 @@ What the port adds here:
 * the switches, checked at start-up: a switch whose requested path is not built on HPU stops the
   engine with a message naming the switch and what to set, instead of serving another path than
   the launch asked for (glm5_hpu/hpu_launch.py);
+* GLM_MOE_TP=N: the MoE layers built with expert groups of N cards (glm5_hpu/hpu_moe.py
+  ``group_layout``, put in place of vLLM's MoE parallel config while the model is built);
+* GLM_MOE_PLACEMENT: the experts stored in the file's order, the router's ids mapped to the
+  slots on the card (glm5_hpu/hpu_moe.py ``placed_loader``, ``PlacedMoEOp``);
 * with MTP, the decode levers: greedy rejection on the card (GLM_SPEC_DEVICE_REJECT,
   glm5_hpu/spec_device.py) and the draft launched before the step's tokens are read back
   (GLM_EARLY_DRAFT, glm5_hpu/early_draft.py).
@@ -22,15 +26,20 @@ What each switch means on this platform: glm5_hpu/hpu_launch.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
+from vllm.config import get_current_vllm_config
+from vllm.model_executor.layers.fused_moe import layer as fused_moe_layer
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
 
-from . import early_draft, hpu_dsa, spec_device
+from . import early_draft, hpu_dsa, placement, spec_device
 from .hpu_launch import hpu_not_built
+from .hpu_moe import PlacedMoEOp, group_layout, placed_loader
 from .hpu_mxk import GlmMxkMoEOp, kernels
 from .router_config import fill_router_defaults
 from .switches import SwitchError, Switches, read_switches, resolve_auto
@@ -47,6 +56,7 @@ def check_launch(vllm_config) -> Switches:
     wants_kernels = resolve_auto(switches.mxk, on_hpu=True) or resolve_auto(switches.mxk_prefill, on_hpu=True)
     found = kernels() if wants_kernels else None
     config = vllm_config.model_config.hf_config
+    parallel = vllm_config.parallel_config
     problems = hpu_not_built(
         switches,
         max_model_len=vllm_config.model_config.max_model_len,
@@ -54,6 +64,10 @@ def check_launch(vllm_config) -> Switches:
         kernels_missing=found if isinstance(found, str) else None,
         threshold=hpu_dsa.threshold(),
         shared_indexer_layers=[i for i, t in enumerate(getattr(config, "indexer_types", None) or []) if t == "shared"],
+        tensor_parallel=parallel.tensor_parallel_size,
+        expert_parallel=parallel.enable_expert_parallel,
+        data_parallel=parallel.data_parallel_size,
+        hf_config=config,
     )
     if problems:
         raise SwitchError("glm5_hpu on HPU cannot serve this launch as asked:\n  " + "\n  ".join(problems))
@@ -70,13 +84,34 @@ def _fill(*model_configs) -> None:
                 logger.info("glm5_hpu: router keys %s filled for glm_moe_dsa", ", ".join(filled))
 
 
+@contextlib.contextmanager
+def moe_groups(moe_tp: int):
+    """While the model is built: each MoE layer's parallel config made GLM_MOE_TP's (vLLM's
+    FusedMoEFactory looks ``make_parallel_config`` up in its module at each layer; restored after,
+    so nothing else built in this process gets the layout)."""
+    if moe_tp == 1:
+        yield
+        return
+    stock = fused_moe_layer.make_parallel_config
+
+    def make_parallel_config(*args, **kwargs):
+        return group_layout(stock(*args, **kwargs), moe_tp)
+
+    fused_moe_layer.make_parallel_config = make_parallel_config
+    try:
+        yield
+    finally:
+        fused_moe_layer.make_parallel_config = stock
+
+
 class GlmMoeDsaHpuForCausalLM(GlmMoeDsaForCausalLM):
     """vLLM's GlmMoeDsaForCausalLM with glm_moe_dsa's router keys and the launch's switches checked."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         switches = check_launch(vllm_config)
         _fill(vllm_config.model_config)
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        with moe_groups(switches.moe_tp):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
         threshold = hpu_dsa.threshold()
         if switches.dsa_sparse and vllm_config.model_config.max_model_len > threshold:
             layers = hpu_dsa.install(self, vllm_config.model_config.hf_config, threshold)
@@ -96,7 +131,8 @@ class GlmMoeDsaHpuMTP(DeepSeekMTP):
     def __init__(self, *, vllm_config, prefix: str = ""):
         spec = vllm_config.speculative_config
         _fill(vllm_config.model_config, spec.draft_model_config if spec is not None else None)
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        with moe_groups(read_switches().moe_tp):  # the draft's MoE layer laid out as the target's
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
         for layer in self.model.layers.values():
             residual_shaped(layer.mtp_block)
 
@@ -136,6 +172,18 @@ class Glm5Mxfp4HpuConfig(Mxfp4Config):
         conv = config.get("converter")
         return cls(glm5_converter=conv if isinstance(conv, str) and conv.startswith(CONVERTER) else None)
 
+    def get_quant_method(self, layer, prefix: str):
+        method = super().get_quant_method(layer, prefix)
+        if self.glm5_converter and isinstance(layer, RoutedExperts):
+            path = read_switches().moe_placement
+            layer_id = _layer_id(prefix)
+            if path is not None and layer_id is not None:
+                config = get_current_vllm_config().model_config.hf_config
+                order = placement.load(path, config).order(layer_id)  # checked at start-up already
+                if order != list(range(len(order))):
+                    _place(method, placement.slots(order))
+        return method
+
     def _make_moe_method(self, moe):
         method = super()._make_moe_method(moe)
         if self.glm5_converter:
@@ -164,6 +212,34 @@ def _dispatch_kernels(method, *, decode: bool, prefill: bool) -> None:
     logger.info(
         "glm5_hpu: MXFP4 MoE with the GLM kernels (%s): decode %s, prefill unpack %s", found.where, decode, prefill
     )
+
+
+# ------------------------------------------------------------------ GLM_MOE_PLACEMENT
+def _layer_id(prefix: str) -> int | None:
+    """``model.layers.{L}.mlp.experts`` (the MTP layer's ``model.layers.{L}.mtp_block...``) -> L."""
+    parts = prefix.split(".")
+    for a, b in zip(parts, parts[1:], strict=False):
+        if a == "layers" and b.isdigit():
+            return int(b)
+    return None
+
+
+def _place(method, slot_of: list[int]) -> None:
+    """Checkpoint expert e loaded into stored slot slot_of[e]; after vllm-gaudi's set-up (and the
+    kernels' wrapper, if any) the layer's op gets the router's ids mapped to those slots."""
+    create = method.create_weights
+    set_up = method.process_weights_after_loading
+
+    def create_weights(layer, *args, **kwargs):
+        kwargs["weight_loader"] = placed_loader(kwargs["weight_loader"], slot_of)
+        return create(layer, *args, **kwargs)
+
+    def process_weights_after_loading(layer) -> None:
+        set_up(layer)
+        layer.moe_op = PlacedMoEOp(layer.moe_op, slot_of, layer.w13_weight.device)
+
+    method.create_weights = create_weights
+    method.process_weights_after_loading = process_weights_after_loading
 
 
 def register_quantization() -> None:

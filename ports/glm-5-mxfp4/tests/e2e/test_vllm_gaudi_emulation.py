@@ -354,10 +354,11 @@ def test_device_rejection_keeps_every_output_and_reads_nothing_back(tree, consta
 
 
 def test_the_seed_launch_switches_are_refused_with_what_to_set(tree, ckpt, monkeypatch):
-    """The seed's launch block sets GLM_MXK=1, GLM_MOE_TP=2 and the three decode levers to 1; what is
-    not built on HPU stops the engine at start-up, naming each switch (glm5_hpu/hpu_launch.py). The
-    kernels are there (their emulation) and device rejection and the early draft are built, so GLM_MXK,
-    GLM_MXK_PREFILL, GLM_SPEC_DEVICE_REJECT and GLM_EARLY_DRAFT are not among them."""
+    """The seed's launch block sets GLM_MXK=1, GLM_MOE_TP=2 and the three decode levers to 1; on this
+    one rank (TP 1, no expert parallel) GLM_MOE_TP=2 cannot be laid out, which stops the engine at
+    start-up naming it (glm5_hpu/hpu_launch.py; the layout itself runs in test_vllm_gaudi_moe_tp.py).
+    The kernels are there (their emulation) and device rejection and the early draft are built, so
+    GLM_MXK, GLM_MXK_PREFILL, GLM_SPEC_DEVICE_REJECT and GLM_EARLY_DRAFT are not among them."""
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
     proc, result = _serve(
         tree,
