@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help="also run every prompt together, greedy and stopping at EOS, once per item of this JSON list: "
         '{"json": SCHEMA} or {"tools": [...], "tool_choice": "required"} (the schema vLLM\'s OpenAI server '
-        'derives), each with an optional "max_tokens" (default 64); needs the tokenizer (skip_tokenizer_init off)',
+        'derives), each with an optional "max_tokens" (default 64) and "alone" (each prompt in a generate call of '
+        "its own); needs the tokenizer (skip_tokenizer_init off)",
     )
     ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
     ap.add_argument(
@@ -239,7 +240,10 @@ def _run_structured(llm, prompts: list[list[int]], kind: dict) -> dict:
     sp = SamplingParams(
         temperature=0, max_tokens=kind.get("max_tokens", 64), structured_outputs=StructuredOutputsParams(json=schema)
     )
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    # vLLM compiles grammars on a thread pool and schedules a request once its grammar is ready: in
+    # one call, which requests share a step depends on timing
+    batches = [[p] for p in prompts] if kind.get("alone") else [prompts]
+    outs = [o for b in batches for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in b], sp, use_tqdm=False)]
     replies = []
     for o in outs:
         c = o.outputs[0]
