@@ -79,6 +79,8 @@ REAL = (
     "_prepare_spec_decode_inputs",
     "_get_cumsum_and_arange",
 )
+# Real where the tree has them (a fix adds them); a tree without them keeps the mock's.
+REAL_IF_PRESENT = ("_apply_grammar_rows",)
 
 
 def make_runner(e, favourite, num_spec_tokens=0, certain=False):
@@ -98,6 +100,9 @@ def make_runner(e, favourite, num_spec_tokens=0, certain=False):
     runner = MagicMock()
     for name in REAL:
         setattr(runner, name, getattr(R, name).__get__(runner))
+    for name in REAL_IF_PRESENT:
+        if hasattr(R, name):
+            setattr(runner, name, getattr(R, name).__get__(runner))
     runner.input_batch = e.hib.InputBatch(
         max_num_reqs=8,
         max_model_len=128,
@@ -217,7 +222,9 @@ def add(e, runner, rid, prompt_len, **sp):
 
 def run_step(e, runner, scheduled, computed, grammar=None, batch_changed=False, drafts=None):
     """One engine step: computed tokens as _update_states sets them, then sample_tokens.
-    grammar: {req_id: allowed token} for the structured-output requests the scheduler masks.
+    grammar: {req_id: allowed token} for the structured-output requests the scheduler masks, or
+    {req_id: [allowed token per mask row]}: under speculation the scheduler sends 1 + len(drafts)
+    rows per request (its grammar advanced over each draft).
     drafts: {req_id: draft tokens} the scheduler sends for verification (speculative decoding;
     each such request is scheduled 1 + len(drafts) tokens)."""
     ib = runner.input_batch
@@ -234,9 +241,9 @@ def run_step(e, runner, scheduled, computed, grammar=None, batch_changed=False, 
     grammar_output = None
     if grammar:
         ids = list(grammar)
-        bitmask = e.np.zeros((len(ids), (VOCAB + 31) // 32), dtype=e.np.int32)
-        for i, rid in enumerate(ids):
-            tok = grammar[rid]
+        rows = [tok for rid in ids for tok in (grammar[rid] if isinstance(grammar[rid], list) else [grammar[rid]])]
+        bitmask = e.np.zeros((len(rows), (VOCAB + 31) // 32), dtype=e.np.int32)
+        for i, tok in enumerate(rows):
             bitmask[i, tok // 32] = e.np.int32(e.np.uint32(1 << (tok % 32)).view(e.np.int32))
         grammar_output = e.GrammarOutput(ids, bitmask)
     out = runner.sample_tokens(grammar_output)

@@ -90,6 +90,11 @@ if [ -x .venv-cpu/bin/python ]; then
     ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_emulation.py ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_dsa.py \
     ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_mtp_levers.py
   rc4=$?
+  # structured output (a JSON schema, tool_choice "required") with MTP on and off
+  bounded 1200 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" "${FAULT[@]}" \
+    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_structured.py
+  rc6=$?
+  [ "$rc4" -eq 0 ] && rc4=$rc6
   # the port's ops on the emulated card: these activate the emulation in their own process
   bounded 600 env HPU_EMULATION_IN_PROCESS=1 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" \
     "${FAULT[@]}" ports/glm-5-mxfp4/tests/e2e/test_hpu_mxk_op.py ports/glm-5-mxfp4/tests/e2e/test_hpu_spec_device.py

@@ -378,6 +378,10 @@ class DeviceMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if kwargs.get("pin_memory"):
+            # Page-locked host memory is what a card's DMA copies from; a CPU build of torch can
+            # only pin through a CUDA driver. The emulated card reads host memory as it is.
+            kwargs = dict(kwargs, pin_memory=False)
         if func is torch.Tensor.to and args and not isinstance(args[0], HPUTensor):
             out = _to(*args, **kwargs)
             if out is not NotImplemented:

