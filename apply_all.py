@@ -45,7 +45,7 @@ def _fast(argv):
 if __name__ == "__main__":
     if _fast(sys.argv[1:]):
         sys.exit(0)
-    from fixpack.main import main
+    from fixpack.cli.main import main
 
     # the pack is the checkout this file is in, for the full engine as for the fast path
     pack = [] if "--pack" in sys.argv[1:] else ["--pack", os.path.dirname(os.path.realpath(__file__))]

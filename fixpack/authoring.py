@@ -99,8 +99,8 @@ def _copy_packages(src: Path, dest: Path, packages: list[str]) -> None:
 
 
 def _engine(pack: Pack, profile: Profile, place: Place, tree: Path, state: Path):
+    from fixpack.cli.output import Lines
     from fixpack.engine import Engine
-    from fixpack.output import Lines
     from fixpack.store import Store
 
     found = {p: tree / p for p in profile.packages}

@@ -11,7 +11,7 @@ part (fixpack/proof.py):
 Then a second run is a no-op, and `revert --all` gives back the pristine bytes. A fix whose
 defect needs a Gaudi card is reported as NOT-CPU (its CPU tests held to the same rules),
 never as proven.
-The command is fixpack/commands/check.py.
+The command is fixpack/cli/commands/check.py.
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ def check_release(
     pristine release, ``workers`` test runs at a time; with ``quiet`` nothing is printed,
     otherwise one status line per fix."""
     from fixpack import proof, release, sources
+    from fixpack.cli.output import Lines
     from fixpack.engine import Engine
     from fixpack.lockfile import Lock
-    from fixpack.output import Lines
     from fixpack.store import Store
 
     lock = Lock.load(profile.lock_path)

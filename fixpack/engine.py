@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack import __version__, journal
+from fixpack.cli.output import Lines
 from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
 from fixpack.hashing import sha256_bytes, short
 from fixpack.lockfile import Lock, selection_key
-from fixpack.output import Lines
 from fixpack.pack import Fix, Pack, Port, Profile
 from fixpack.paths import resolve_inside
 from fixpack.runner import DEFAULT_TIMEOUT, Runner, protection_text

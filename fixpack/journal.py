@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from fixpack.cli.output import Lines
 from fixpack.errors import Drift
 from fixpack.hashing import short
-from fixpack.output import Lines
 from fixpack.state import Journal, StateRecord, Step, Unreadable
 from fixpack.store import Store, crashpoint, drop_bytecode, replace_in_tree
 

@@ -17,7 +17,7 @@ no longer has the defect, whatever the text says. Classes:
 A test run is reported beside the class: green (retire), red (the defect is still there:
 carry the fix), or "cannot run" (the new release breaks the test itself; the class is then
 from the text alone).
-The command is fixpack/commands/rebase_report.py.
+The command is fixpack/cli/commands/rebase_report.py.
 """
 
 from __future__ import annotations

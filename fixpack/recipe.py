@@ -5,7 +5,7 @@ the environment and every `vllm serve` argument. `render` gives the launch block
 inside the image (`write_readme` replaces the marked block in a README, so the published block
 cannot drift from the recipe); `check_recipe` proves that everything the recipe names exists:
 the profile, each opt-in fix, the port, each port switch and its value, each path.
-The command is fixpack/commands/recipe.py.
+The command is fixpack/cli/commands/recipe.py.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from typing import Any
 
 from fixpack import forkserver, kinds
 from fixpack import limits as rlimits
+from fixpack.cli.output import Lines
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
-from fixpack.output import Lines
 from fixpack.pack import Fix
 from fixpack.store import Store, fs_error
 from fixpack.watch import TreeWatch

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fixpack.cli.output import Lines
 from fixpack.hashing import sha256_file, short
 from fixpack.lockfile import Lock
-from fixpack.output import Lines
 from fixpack.state import Unreadable, selection_pins, unpinned
 from fixpack.store import Store
 

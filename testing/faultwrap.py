@@ -91,7 +91,7 @@ def install() -> None:
 
 def main() -> int:
     install()
-    from fixpack.main import main as fixpack_main
+    from fixpack.cli.main import main as fixpack_main
 
     try:
         return fixpack_main(sys.argv[1:])

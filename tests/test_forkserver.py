@@ -151,7 +151,7 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
         )
         assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == has, (preload, r.stderr)
 
-    from fixpack.output import Lines
+    from fixpack.cli.output import Lines
     from fixpack.runner import Runner
 
     runner = Runner([tmp_path], tmp_path, Lines(quiet=True))
@@ -168,7 +168,7 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
 
 def test_servers_started_before_the_engine_are_adopted_by_the_run_or_ended(tmp_path):
     from fixpack import forkserver
-    from fixpack.output import Lines
+    from fixpack.cli.output import Lines
     from fixpack.runner import Runner
 
     forkserver.prestart(["", "codemod"])
@@ -189,7 +189,7 @@ def test_servers_started_before_the_engine_are_adopted_by_the_run_or_ended(tmp_p
 def test_a_command_that_stops_before_its_first_fix_leaves_no_server_running(pack, monkeypatch):
     """apply starts the servers before the engine is built; a refused run must not leave them."""
     from fixpack import forkserver
-    from fixpack.main import main
+    from fixpack.cli.main import main
 
     started = []
     real_start = forkserver.ForkServer.start

@@ -30,10 +30,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fixpack import worker
+from fixpack.cli.output import Lines
 from fixpack.engine import Engine, revert
 from fixpack.errors import FixFailed
 from fixpack.lockfile import Lock
-from fixpack.output import Lines
 from fixpack.pack import Pack
 from fixpack.store import Store
 from fixpack.verify import verify

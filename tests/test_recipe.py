@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fixpack.main import main
+from fixpack.cli.main import main
 from testing.recipes import as_in_image, edited, seed_page, write_recipe
 
 REPO = Path(__file__).resolve().parent.parent

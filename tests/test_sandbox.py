@@ -170,7 +170,7 @@ def test_sealed_fix_processes_are_compared_once_per_run(tmp_path, monkeypatch, c
     if NO_LANDLOCK:
         pytest.skip(f"this kernel cannot confine a process: {NO_LANDLOCK}")
     import fixpack.watch as W
-    from fixpack.main import main
+    from fixpack.cli.main import main
 
     root, tree = L.copy_pack("basic", tmp_path)
     scans = []

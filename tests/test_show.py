@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from fixpack.main import main
+from fixpack.cli.main import main
 from testing.builders import make_pack, pristine_source, write_lock
 
 SOURCES = {

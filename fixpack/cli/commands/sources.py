@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fixpack.commands._common import pack_of, profile_name
+from fixpack.cli.commands._common import pack_of, profile_name
 from fixpack.errors import ConfigError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fixpack.commands._common import emit_json, pack_of
+from fixpack.cli.commands._common import emit_json, pack_of
 from fixpack.locations import port_layer
 
 

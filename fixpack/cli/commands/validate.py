@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fixpack.commands._common import pack_of
+from fixpack.cli.commands._common import pack_of
 from fixpack.errors import ConfigError, FixpackError
 from fixpack.locations import port_layer
 from fixpack.pack import Port

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fixpack.commands._common import emit_json, pack_of
+from fixpack.cli.commands._common import emit_json, pack_of
 from fixpack.errors import ConfigError
 from fixpack.recipe import BEGIN, END, check_recipe, find_recipe, load_recipe, readme_block, render, write_readme
 
@@ -63,7 +63,7 @@ def run(args) -> int:
     if args.json:
         emit_json({"recipe": str(recipe.path), "items": records, "errors": len(errors)})
     else:
-        from fixpack.output import Lines
+        from fixpack.cli.output import Lines
 
         lines = Lines()
         for r in records:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fixpack import kinds
-from fixpack.commands._common import emit_json, pack_of
+from fixpack.cli.commands._common import emit_json, pack_of
 from fixpack.errors import ConfigError, FixpackError
 
 
@@ -56,7 +56,7 @@ def run(args) -> int:
             print(f"\n  {key}:\n    {text}")
     print("\n  targets: " + ", ".join(fix.target_rels))
     if profile is not None:
-        from fixpack.commands.list import base_lines
+        from fixpack.cli.commands.list import base_lines
 
         bases = base_lines(profile)
         for package in sorted({t.package for t in fix.targets}):

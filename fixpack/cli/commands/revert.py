@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fixpack.commands._common import add_common, make_engine
+from fixpack.cli.commands._common import add_common, make_engine
 from fixpack.errors import ConfigError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fixpack.commands._common import add_common, emit_json, make_engine, pack_of
+from fixpack.cli.commands._common import add_common, emit_json, make_engine, pack_of
 
 
 def add_parser(sub):

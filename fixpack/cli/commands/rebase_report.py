@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fixpack.commands._common import emit_json, pack_of, profile_name
+from fixpack.cli.commands._common import emit_json, pack_of, profile_name
 
 
 def add_parser(sub):

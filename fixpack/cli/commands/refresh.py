@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fixpack.commands._common import pack_of, profile_name
+from fixpack.cli.commands._common import pack_of, profile_name
 from fixpack.errors import FixFailed
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fixpack.commands._common import pack_of, profile_name, write_or_check
+from fixpack.cli.commands._common import pack_of, profile_name, write_or_check
 
 
 def add_parser(sub):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fixpack.commands._common import pack_of, profile_name, write_or_check
+from fixpack.cli.commands._common import pack_of, profile_name, write_or_check
 from fixpack.errors import ConfigError
 
 

@@ -36,9 +36,9 @@ def profile_name(args, pack) -> str:
 
 
 def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False, check_pack: bool = True, keep_applied_port: bool = False):
+    from fixpack.cli.output import Lines
     from fixpack.engine import Engine
     from fixpack.lockfile import Lock
-    from fixpack.output import Lines
     from fixpack.store import Store
     from fixpack.targets import default_state_dir, locate, refuse_if_imported, require
 

@@ -6,7 +6,7 @@ import glob
 import json
 import os
 
-from fixpack.commands._common import add_common, emit_json
+from fixpack.cli.commands._common import add_common, emit_json
 from fixpack.errors import ConfigError
 
 
@@ -47,14 +47,14 @@ def _applied_profile(lock, root, state_dir) -> str | None:
 def run(args) -> int:
     from pathlib import Path
 
+    from fixpack.cli.output import Lines
     from fixpack.locations import lock_path as lock_of
     from fixpack.locations import state_dir as state_folder
     from fixpack.lockfile import Lock
-    from fixpack.output import Lines
     from fixpack.store import Store
     from fixpack.verify import verify
 
-    pack = (args.pack or Path(__file__).resolve().parents[2]).resolve()
+    pack = (args.pack or Path(__file__).resolve().parents[3]).resolve()
     root = args.root.resolve() if args.root else None
     if args.profile:
         lock_path = Path(lock_of(pack, args.profile))

@@ -1,4 +1,4 @@
-"""The fixpack command line: parses and dispatches; each command lives in fixpack/commands/."""
+"""The fixpack command line: parses and dispatches; each command lives in fixpack/cli/commands/."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in [only] if only else COMMANDS:
         try:
-            module = importlib.import_module(f"fixpack.commands.{name}")
+            module = importlib.import_module(f"fixpack.cli.commands.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"fixpack.commands.{name}":
+            if exc.name == f"fixpack.cli.commands.{name}":
                 continue
             raise
         module.add_parser(sub)
