@@ -42,7 +42,7 @@ def main() -> None:
     a = ap.parse_args()
     from fixpack import sources
     from fixpack.kinds import codemod
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     startup: list[float] = []
     imports: list[float] = []

@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--profile", default="v0.26.0")
     a = ap.parse_args()
     from fixpack import sources
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     pack = Pack(REPO)
     profile = pack.profile(a.profile)

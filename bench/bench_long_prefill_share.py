@@ -184,7 +184,7 @@ def main() -> None:
         return child(args)
 
     from fixpack import sources
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     profile = Pack(REPO).profile(PROFILE)
     py = sys.executable

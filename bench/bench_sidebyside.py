@@ -53,7 +53,7 @@ def main() -> None:
     variants = {"base": a.base.resolve(), "new": a.new.resolve()}
     sys.path.insert(0, str(variants["new"]))
     from fixpack import sources
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     profile = Pack(variants["new"]).profile(a.profile)
     py = sys.executable

@@ -22,9 +22,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fixpack import kinds, schema
+from fixpack import kinds
 from fixpack.errors import CheckFailed, ConfigError, FixFailed
-from fixpack.pack import Fix, Pack, Port, Profile
+from fixpack.pack import schema
+from fixpack.pack.pack import Fix, Pack, Port, Profile
 
 WORK = Path(".fixpack-work") / "edit"
 

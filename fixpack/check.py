@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from fixpack.errors import SourceUnavailable
 
 if TYPE_CHECKING:
-    from fixpack.pack import Fix
+    from fixpack.pack.pack import Fix
     from fixpack.state import Step
 
 
@@ -79,7 +79,7 @@ def check_release(
     from fixpack import proof, release, sources
     from fixpack.cli.output import Lines
     from fixpack.engine import Engine
-    from fixpack.lockfile import Lock
+    from fixpack.pack.lockfile import Lock
     from fixpack.store import Store
 
     lock = Lock.load(profile.lock_path)

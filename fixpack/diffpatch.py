@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fixpack.errors import ConfigError, FixFailed
-from fixpack.paths import check_relpath
+from fixpack.pack.paths import check_relpath
 
 
 @dataclass

@@ -18,9 +18,9 @@ from fixpack import __version__, journal
 from fixpack.cli.output import Lines
 from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
 from fixpack.hashing import sha256_bytes, short
-from fixpack.lockfile import Lock, selection_key
-from fixpack.pack import Fix, Pack, Port, Profile
-from fixpack.paths import resolve_inside
+from fixpack.pack.lockfile import Lock, selection_key
+from fixpack.pack.pack import Fix, Pack, Port, Profile
+from fixpack.pack.paths import resolve_inside
 from fixpack.runner import DEFAULT_TIMEOUT, Runner, protection_text
 from fixpack.state import Journal, Layer, StateRecord, Step, Unreadable, expected_after, pinned_steps
 from fixpack.store import Store, fs_error

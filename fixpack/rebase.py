@@ -196,7 +196,7 @@ def write_release_entry(fix, release: str, entry: dict, change: bytes | None) ->
     """Add ``release``'s entry to the fix's fix.yaml ``releases:`` (and its own change file),
     keeping the rest of the file byte for byte; the result is validated, else nothing is left
     written. Returns the files written."""
-    from fixpack.pack import load_fix
+    from fixpack.pack.pack import load_fix
     from fixpack.store import atomic_write
 
     path = fix.dir / "fix.yaml"

@@ -14,8 +14,8 @@ from fixpack import sources
 from fixpack.cli.output import Lines
 from fixpack.engine import Engine
 from fixpack.hashing import sha256_file
-from fixpack.lockfile import LOCK_FORMAT, carry_earlier, selection_key
-from fixpack.pack import Pack, Port, Profile
+from fixpack.pack.lockfile import LOCK_FORMAT, carry_earlier, selection_key
+from fixpack.pack.pack import Pack, Port, Profile
 from fixpack.state import StateRecord, Step
 from fixpack.store import Store
 

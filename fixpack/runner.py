@@ -22,7 +22,7 @@ from fixpack import limits as rlimits
 from fixpack.cli.output import Lines
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
-from fixpack.pack import Fix
+from fixpack.pack.pack import Fix
 from fixpack.store import Store, fs_error
 from fixpack.watch import TreeWatch
 from fixpack.worker import SANDBOX_MODES, sealed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fixpack.cli.output import Lines
 from fixpack.hashing import sha256_file, short
-from fixpack.lockfile import Lock
+from fixpack.pack.lockfile import Lock
 from fixpack.state import Unreadable, selection_pins, unpinned
 from fixpack.store import Store
 

@@ -43,7 +43,7 @@ fi
 .venv/bin/python - <<'PY'
 from fixpack import sources
 from fixpack.errors import SourceUnavailable
-from fixpack.pack import Pack, default_pack_root
+from fixpack.pack.pack import Pack, default_pack_root
 
 pack = Pack(default_pack_root())
 for name in pack.profile_names():

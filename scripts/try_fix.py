@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fixpack.pack import load_fix  # installed by scripts/setup.sh (`pip install -e .`)
+from fixpack.pack.pack import load_fix  # installed by scripts/setup.sh (`pip install -e .`)
 
 
 def apply(fix_dir: Path, tree: Path, stage: Path) -> None:
@@ -58,7 +58,7 @@ def main() -> None:
             shutil.copytree(a.tree, tree)
         else:
             from fixpack import sources
-            from fixpack.pack import Pack, default_pack_root
+            from fixpack.pack.pack import Pack, default_pack_root
 
             sources.materialise(Pack(default_pack_root()).profile("v0.26.0").base["sources"], tree)
         for f in a.after:

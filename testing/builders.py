@@ -168,7 +168,7 @@ def pristine_source(root: Path) -> Path:
 
 def write_lock(pack_root: Path) -> Path:
     """Generate the synthetic profile's manifest and lock from its pristine tree."""
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
     from fixpack.release import build_lock, dump
 
     src = pristine_source(pack_root)
@@ -285,7 +285,7 @@ def make_chain_pack(root: Path, *, n_files: int = 8, n_fixes: int = 7, files_per
 def forge_lock(pack_root: Path, fid: str, profile: str = "test") -> None:
     """Re-pin one fix's own hash in the lock after its files were replaced, keeping the pinned
     file states: the engine then runs the (changed) fix and must refuse what it produces."""
-    from fixpack.pack import load_fix
+    from fixpack.pack.pack import load_fix
 
     path = pack_root / "profiles" / f"{profile}.lock.json"
     lock = json.loads(path.read_text())

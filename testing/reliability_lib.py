@@ -152,8 +152,8 @@ def lock_is_current(pack_root: Path, profile_name: str = "v0.26.0") -> str | Non
     """None when the committed lock pins what the pack now gives, else the reason."""
     from fixpack.engine import Engine
     from fixpack.errors import FixpackError
-    from fixpack.lockfile import Lock
-    from fixpack.pack import Pack
+    from fixpack.pack.lockfile import Lock
+    from fixpack.pack.pack import Pack
     from fixpack.store import Store
 
     try:
@@ -171,7 +171,7 @@ def real_subject(work: Path, relock: bool = False) -> Subject:
     colleagues add fixes the committed lock may lag the profile: with ``relock`` the lock is
     regenerated from the release sources in that copy (the repository's lock is never
     touched); without it, SweepUnavailable says why."""
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
     from fixpack.release import pristine_tree
 
     stale = lock_is_current(REPO)

@@ -39,7 +39,7 @@ def ruff_format(text: str) -> str:
 def release(tmp_path_factory):
     from fixpack import sources
     from fixpack.errors import SourceUnavailable
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     if not RUFF.exists():
         pytest.skip(f"ruff is not installed beside {sys.executable}")

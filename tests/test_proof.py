@@ -71,7 +71,7 @@ TESTS = textwrap.dedent(
 
 @pytest.fixture()
 def fix(tmp_path, monkeypatch):
-    from fixpack.pack import load_fix
+    from fixpack.pack.pack import load_fix
 
     monkeypatch.setenv("FIXPACK_TEST_SERVER", "0")  # a few tiny runs: no preloading server
     d = write_fix(tmp_path / "pack", "fix-x", "diff", ["pkg_a/mod.py"], "--- a/pkg_a/mod.py\n+++ b/pkg_a/mod.py\n@@ -12 +12 @@\n-line_12 = 12\n+line_12 = 13\n",
@@ -142,7 +142,7 @@ def test_a_guard_that_fails_before_is_refused():
 
 def test_parts_of_a_diff_and_of_an_edit_are_left_out_one_at_a_time(tmp_path):
     from fixpack import proof
-    from fixpack.pack import load_fix
+    from fixpack.pack.pack import load_fix
 
     tree = write_tree(tmp_path / "tree")
     diff = (

@@ -33,8 +33,8 @@ from fixpack import worker
 from fixpack.cli.output import Lines
 from fixpack.engine import Engine, revert
 from fixpack.errors import FixFailed
-from fixpack.lockfile import Lock
-from fixpack.pack import Pack
+from fixpack.pack.lockfile import Lock
+from fixpack.pack.pack import Pack
 from fixpack.store import Store
 from fixpack.verify import verify
 from testing.builders import fix_yaml, write_lock, write_tree

@@ -106,8 +106,8 @@ def test_every_pinned_selection_s_diffs_give_the_lock_s_bytes(profile_name):
     pinned text and give the pinned output."""
     from fixpack.changes import chain_changes
     from fixpack.errors import SourceUnavailable
-    from fixpack.lockfile import Lock
-    from fixpack.pack import Pack, default_pack_root
+    from fixpack.pack.lockfile import Lock
+    from fixpack.pack.pack import Pack, default_pack_root
 
     pack = Pack(default_pack_root())
     profile = pack.profile(profile_name)

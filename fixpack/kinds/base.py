@@ -31,7 +31,7 @@ Rebased = tuple[str, dict[str, bytes], list[str], str]
 
 class KindModule(Protocol):
     """The operations of a kind, one module each (``fixpack.kinds.<name>``); ``fix`` is a
-    fixpack.pack.Fix of that kind, ``tree`` a release's tree holding its targets."""
+    fixpack.pack.pack.Fix of that kind, ``tree`` a release's tree holding its targets."""
 
     def apply(
         self, fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, known: dict | None = None

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fixpack import fastpath, locations, targets
-from fixpack.pack import Pack
+from fixpack.pack.pack import Pack
 from testing.builders import fixpack
 
 

@@ -1,5 +1,5 @@
 """fix.yaml `releases:`: one folder per fix, each release's status, its own change file only
-where it differs (fixpack.pack.load_fix / release_view, fixpack.fastpath.fix_hash, lock carry)."""
+where it differs (fixpack.pack.pack.load_fix / release_view, fixpack.fastpath.fix_hash, lock carry)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from fixpack.errors import ConfigError
 from fixpack.fastpath import fix_hash, hash_known
-from fixpack.lockfile import carry_earlier
-from fixpack.pack import Pack, load_fix
+from fixpack.pack.lockfile import carry_earlier
+from fixpack.pack.pack import Pack, load_fix
 
 DIFF = "--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 DIFF_NEW = "--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -2 +2 @@\n-a = 1\n+a = 2\n"

@@ -21,7 +21,7 @@ def add_common(p: argparse.ArgumentParser, *, profile_required: bool = False) ->
 
 
 def pack_of(args):
-    from fixpack.pack import Pack, default_pack_root
+    from fixpack.pack.pack import Pack, default_pack_root
 
     return Pack((args.pack or default_pack_root()).resolve())
 
@@ -38,7 +38,7 @@ def profile_name(args, pack) -> str:
 def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False, check_pack: bool = True, keep_applied_port: bool = False):
     from fixpack.cli.output import Lines
     from fixpack.engine import Engine
-    from fixpack.lockfile import Lock
+    from fixpack.pack.lockfile import Lock
     from fixpack.store import Store
     from fixpack.targets import default_state_dir, locate, refuse_if_imported, require
 

@@ -56,7 +56,7 @@ def status_text(entry: dict | None, width: int = 110) -> str:
 
 def not_applied(pack, release: str) -> list:
     """The pack's fixes whose fix.yaml records ``release`` as upstream or dropped."""
-    from fixpack.pack import load_fix
+    from fixpack.pack.pack import load_fix
 
     out = []
     d = pack.root / "fixes"

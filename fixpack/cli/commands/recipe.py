@@ -1,6 +1,6 @@
 """fixpack recipe show|check: render a recipe's launch block, or check what it names.
 
-The recipe model, its check and its rendering are fixpack/recipe.py.
+The recipe model, its check and its rendering are fixpack/pack/recipe.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fixpack.cli.commands._common import emit_json, pack_of
 from fixpack.errors import ConfigError
-from fixpack.recipe import BEGIN, END, check_recipe, find_recipe, load_recipe, readme_block, render, write_readme
+from fixpack.pack.recipe import BEGIN, END, check_recipe, find_recipe, load_recipe, readme_block, render, write_readme
 
 
 def add_parser(sub):

@@ -97,7 +97,7 @@ def _change(pack, profile, fix):
     if profile is None:
         return None, f"{fix.id} is in no profile, so it has no pinned release"
     from fixpack.changes import chain_changes
-    from fixpack.lockfile import Lock
+    from fixpack.pack.lockfile import Lock
 
     try:
         lock = Lock.load(profile.lock_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 from fixpack.cli.commands._common import pack_of
 from fixpack.errors import ConfigError, FixpackError
 from fixpack.locations import port_layer
-from fixpack.pack import Port
+from fixpack.pack.pack import Port
 
 
 def add_parser(sub):
@@ -20,7 +20,7 @@ def add_parser(sub):
 
 def _check_fix_dir(d: Path, layer: str, pack_root: Path):
     """Load the fix as a whole and each release it applies on; returns the whole-fix view."""
-    from fixpack.pack import load_fix, release_view
+    from fixpack.pack.pack import load_fix, release_view
 
     whole = load_fix(d, layer=layer)
     gate = (whole.meta.get("device_gate") or {}).get("gate")

@@ -50,7 +50,7 @@ def run(args) -> int:
     from fixpack.cli.output import Lines
     from fixpack.locations import lock_path as lock_of
     from fixpack.locations import state_dir as state_folder
-    from fixpack.lockfile import Lock
+    from fixpack.pack.lockfile import Lock
     from fixpack.store import Store
     from fixpack.verify import verify
 

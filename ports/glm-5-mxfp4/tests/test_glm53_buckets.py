@@ -56,7 +56,7 @@ def rows(values) -> set[tuple[int, int, int]]:
 
 
 def test_geometry_is_the_recipes():
-    from fixpack.recipe import load_recipe
+    from fixpack.pack.recipe import load_recipe
 
     recipe = load_recipe(RECIPE)
     args = dict(recipe.args())

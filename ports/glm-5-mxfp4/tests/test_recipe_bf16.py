@@ -89,8 +89,8 @@ def test_show_renders_the_pages_block():
 
 
 def _check(data: dict | None = None) -> dict[str, dict]:
-    from fixpack.pack import Pack
-    from fixpack.recipe import Recipe, check_recipe, load_recipe
+    from fixpack.pack.pack import Pack
+    from fixpack.pack.recipe import Recipe, check_recipe, load_recipe
 
     recipe = load_recipe(RECIPE)
     if data is not None:

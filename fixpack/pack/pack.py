@@ -6,18 +6,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixpack import kinds, schema
+from fixpack import kinds
 from fixpack.errors import ConfigError
 from fixpack.hashing import fix_hash
 from fixpack.locations import port_layer
-from fixpack.paths import check_relpath
+from fixpack.pack import schema
+from fixpack.pack.paths import check_relpath
 
 
 def default_pack_root() -> Path:
     env = os.environ.get("FIXPACK_PACK")
     if env:
         return Path(env).resolve()
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 @dataclass

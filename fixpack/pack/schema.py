@@ -104,8 +104,8 @@ PORT_SCHEMA = {
     "kernel": ((dict,), False, "the TPC kernel build"),
     "gates": ((dict,), False, "device gates, run by fixpack's gate runner (fixpack/gates/)"),
     "switch_prefix": ((str,), False, "the start every switch name shares (GLM_), with switches"),
-    "switches": ((dict,), False, "environment switches, parsed by fixpack/switches.py"),
-    "hooks": ((dict,), False, "hook: package.module fixpack calls (fixpack/ports.py HOOKS)"),
+    "switches": ((dict,), False, "environment switches, parsed by fixpack/pack/switches.py"),
+    "hooks": ((dict,), False, "hook: package.module fixpack calls (fixpack/pack/ports.py HOOKS)"),
 }
 
 

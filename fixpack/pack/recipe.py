@@ -15,8 +15,8 @@ import re
 import shlex
 from pathlib import Path
 
-from fixpack import schema
 from fixpack.errors import ConfigError
+from fixpack.pack import schema
 
 # key: (types, required, description), checked by schema.check_mapping (unknown keys rejected).
 RECIPE_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
@@ -92,7 +92,7 @@ class Recipe:
 
 def load_recipe(path: Path) -> Recipe:
     """Parse and check the recipe's shape; cross-references are `check_recipe`'s job."""
-    from fixpack.paths import check_relpath
+    from fixpack.pack.paths import check_relpath
 
     where = str(path)
     data = schema.check_mapping(schema.load_yaml(path), RECIPE_SCHEMA, where=where)
@@ -263,16 +263,16 @@ def write_readme(path: Path, block: str, title: str) -> str:
 # --------------------------------------------------------------------------- checking
 def switch_problem(port, name: str, value: str) -> str | None:
     """Why ``value`` is not valid for switch ``name`` of ``port``, or None: fixpack's one switch
-    parser (fixpack/switches.py), the one the port's plugin reads its switches with, so a recipe
+    parser (fixpack/pack/switches.py), the one the port's plugin reads its switches with, so a recipe
     cannot hold a value the plugin would read differently or refuse."""
-    from fixpack.ports import switch_problem as problem
+    from fixpack.pack.ports import switch_problem as problem
 
     return problem(port, name, value)
 
 
 def _port_rules(port):
     """(the port's ``hooks.recipe_rules`` module or None, why it did not load or None)."""
-    from fixpack.ports import hook
+    from fixpack.pack.ports import hook
 
     if port is None:
         return None, None

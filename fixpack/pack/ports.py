@@ -4,7 +4,7 @@ A port (ports/<name>/port.yaml) gives fixpack three kinds of piece, all declared
 port.yaml and found only through it:
 
 * ``switch_prefix`` and ``switches``: its environment switches, parsed by fixpack's one switch
-  parser (:mod:`fixpack.switches`), which the port's plugin uses too;
+  parser (:mod:`fixpack.pack.switches`), which the port's plugin uses too;
 * ``hooks``: modules of the port's packages that fixpack calls, each named ``package.module``
   and checked against the Protocol below (:data:`HOOKS`). A hook imports by that name, from the
   environment where the port is installed or else from the port folder (the ``plugin.path``
@@ -90,7 +90,7 @@ def _methods(protocol: type) -> list[str]:
 def switch_problem(port: Any, name: str, value: str) -> str | None:
     """Why a recipe's ``value`` for switch ``name`` of ``port`` is refused, or None: fixpack's
     one switch parser, the one the port's plugin reads the switch with."""
-    from fixpack.switches import SwitchError, check_prefix, recipe_value_problem
+    from fixpack.pack.switches import SwitchError, check_prefix, recipe_value_problem
 
     where = str(port.dir / "port.yaml")
     try:
