@@ -5,7 +5,7 @@
 
 A thin door into `fixpack apply`; runs from a checkout without installing fixpack. At every
 container start the selection is usually applied already: that case is answered by hashing
-alone (fixpack.fastpath), before the rest of fixpack is imported.
+alone (fixpack.apply.fastpath), before the rest of fixpack is imported.
 """
 
 import os
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
 
 def _fast(argv):
-    from fixpack.fastpath import already_applied
+    from fixpack.apply.fastpath import already_applied
 
     opts, names, i = {}, [], 0
     while i < len(argv):

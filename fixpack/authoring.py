@@ -100,9 +100,9 @@ def _copy_packages(src: Path, dest: Path, packages: list[str]) -> None:
 
 
 def _engine(pack: Pack, profile: Profile, place: Place, tree: Path, state: Path):
+    from fixpack.apply.engine import Engine
+    from fixpack.apply.store import Store
     from fixpack.cli.output import Lines
-    from fixpack.engine import Engine
-    from fixpack.store import Store
 
     found = {p: tree / p for p in profile.packages}
     return Engine(pack, profile, place.port, place.opt_ins, found, Store(state), None, report=Lines(quiet=True))

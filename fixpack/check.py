@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from fixpack.errors import SourceUnavailable
 
 if TYPE_CHECKING:
+    from fixpack.apply.state import Step
     from fixpack.pack.pack import Fix
-    from fixpack.state import Step
 
 
 @dataclass
@@ -77,10 +77,10 @@ def check_release(
     pristine release, ``workers`` test runs at a time; with ``quiet`` nothing is printed,
     otherwise one status line per fix."""
     from fixpack import proof, release, sources
+    from fixpack.apply.engine import Engine
+    from fixpack.apply.store import Store
     from fixpack.cli.output import Lines
-    from fixpack.engine import Engine
     from fixpack.pack.lockfile import Lock
-    from fixpack.store import Store
 
     lock = Lock.load(profile.lock_path)
     manifest = json.loads(profile.manifest_path.read_text())["files"]
@@ -181,8 +181,8 @@ def check_release(
         # Re-run: nothing to do. Revert: pristine bytes.
         if not any(r["result"] == "FAILED" for r in results) and steps:
             rerun_noop = engine.fast_path_done() if len(steps) == len(engine.fixes) else None
-            from fixpack.engine import revert
-            from fixpack.hashing import sha256_file
+            from fixpack.apply.engine import revert
+            from fixpack.apply.hashing import sha256_file
 
             revert(engine, None)
             drift = []

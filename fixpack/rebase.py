@@ -123,7 +123,7 @@ def rebase_report(pack, profile, srcs: dict, *, only: list[str] | None = None, t
     """One row per fix of ``profile`` (defaults and every opt-in; with ``only``, those named),
     each tried on the release ``srcs`` gives, stacked on the fixes before it that still apply."""
     from fixpack import release, sources
-    from fixpack.store import atomic_write
+    from fixpack.apply.store import atomic_write
 
     fixes = pack.selection(profile, profile.opt_ins)
     if only is not None:
@@ -196,8 +196,8 @@ def write_release_entry(fix, release: str, entry: dict, change: bytes | None) ->
     """Add ``release``'s entry to the fix's fix.yaml ``releases:`` (and its own change file),
     keeping the rest of the file byte for byte; the result is validated, else nothing is left
     written. Returns the files written."""
+    from fixpack.apply.store import atomic_write
     from fixpack.pack.pack import load_fix
-    from fixpack.store import atomic_write
 
     path = fix.dir / "fix.yaml"
     text = path.read_text()

@@ -11,13 +11,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fixpack import sources
+from fixpack.apply.engine import Engine
+from fixpack.apply.hashing import sha256_file
+from fixpack.apply.state import StateRecord, Step
+from fixpack.apply.store import Store
 from fixpack.cli.output import Lines
-from fixpack.engine import Engine
-from fixpack.hashing import sha256_file
 from fixpack.pack.lockfile import LOCK_FORMAT, carry_earlier, selection_key
 from fixpack.pack.pack import Pack, Port, Profile
-from fixpack.state import StateRecord, Step
-from fixpack.store import Store
 
 
 @contextmanager

@@ -5,7 +5,7 @@ confined where the kernel can (Landlock, the seccomp filter) and by an audit hoo
 snapshots the package folders and the state folder around it (fixpack.watch): a change outside
 the fix's stage is undone and fails the fix, or, for a process the kernel sealed, is looked for
 once at the end of the run (`check_run`). It writes nothing but the stage; the driver
-(fixpack.engine) checks the bytes against the pins and the journal (fixpack.journal) commits them.
+(fixpack.apply.engine) checks the bytes against the pins and the journal (fixpack.apply.journal) commits them.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 
 from fixpack import forkserver, kinds
 from fixpack import limits as rlimits
+from fixpack.apply.store import Store, fs_error
 from fixpack.cli.output import Lines
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.pack.pack import Fix
-from fixpack.store import Store, fs_error
 from fixpack.watch import TreeWatch
 from fixpack.worker import SANDBOX_MODES, sealed
 
@@ -106,7 +106,7 @@ class Runner:
         the fix's definitions sit in its pinned texts (fixpack.kinds.edit.locate)."""
         timeout = self.timeout if timeout is None else timeout
         if self.store is not None:
-            stage = self.store.stage(fix.id)  # through the state folder's descriptor (fixpack.store)
+            stage = self.store.stage(fix.id)  # through the state folder's descriptor (fixpack.apply.store)
         else:
             stage = self.state_dir / "staging" / fix.id
             shutil.rmtree(stage, ignore_errors=True)

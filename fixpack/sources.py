@@ -28,8 +28,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from fixpack.apply.store import fs_error
 from fixpack.errors import EnvironmentFault, SourceUnavailable
-from fixpack.store import fs_error
 
 COMPLETE = ".complete"
 

@@ -21,9 +21,9 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixpack import dirfd
-from fixpack.dirfd import ParentReplaced
-from fixpack.store import stat_entry
+from fixpack.apply import dirfd
+from fixpack.apply.dirfd import ParentReplaced
+from fixpack.apply.store import stat_entry
 
 KEEP_BYTES_UP_TO = 8 << 20  # every .py file; a large binary is named for reinstalling instead
 
@@ -221,7 +221,7 @@ class TreeWatch:
         """Put back what a fix's process changed: created entries go (deepest first), removed
         and changed files get their bytes, mode and times back where the driver has them. Every
         write is made through a descriptor of the entry's folder, walked from its package folder
-        without following a symlink (fixpack.dirfd): a folder replaced on the way is refused."""
+        without following a symlink (fixpack.apply.dirfd): a folder replaced on the way is refused."""
         created = sorted((c for c in changes if c.what == "created"), key=lambda c: -c.path.count(os.sep))
         others = sorted((c for c in changes if c.what != "created"), key=lambda c: c.path.count(os.sep))
         self._made = {}

@@ -150,11 +150,11 @@ def synthetic_subject(work: Path, kind: str = "chain") -> Subject:
 
 def lock_is_current(pack_root: Path, profile_name: str = "v0.26.0") -> str | None:
     """None when the committed lock pins what the pack now gives, else the reason."""
-    from fixpack.engine import Engine
+    from fixpack.apply.engine import Engine
+    from fixpack.apply.store import Store
     from fixpack.errors import FixpackError
     from fixpack.pack.lockfile import Lock
     from fixpack.pack.pack import Pack
-    from fixpack.store import Store
 
     try:
         pack = Pack(pack_root)

@@ -108,7 +108,7 @@ def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
     (Path(j["fix_dir"]) / "codemod.py").unlink()
     (Path(j["fix_dir"]) / "edits.yaml").write_text("- {target: pkg/t.py, in: f, replace: return 1, with: return 2}\n")
     j["kind"] = "edit"
-    from fixpack.hashing import sha256_bytes
+    from fixpack.apply.hashing import sha256_bytes
 
     j["expect"] = {"pkg/t.py": sha256_bytes(SRC.replace("1", "2").encode())}
     (tmp_path / "jobs").write_text(json.dumps(j) + "\n")

@@ -30,13 +30,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fixpack import worker
+from fixpack.apply.engine import Engine, revert
+from fixpack.apply.store import Store
+from fixpack.apply.verify import verify
 from fixpack.cli.output import Lines
-from fixpack.engine import Engine, revert
 from fixpack.errors import FixFailed
 from fixpack.pack.lockfile import Lock
 from fixpack.pack.pack import Pack
-from fixpack.store import Store
-from fixpack.verify import verify
 from testing.builders import fix_yaml, write_lock, write_tree
 
 FILES = ["pkg_a/r0.txt", "pkg_b/r1.txt"]

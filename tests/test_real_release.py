@@ -29,7 +29,7 @@ def manifest():
 
 
 def tree_matches_manifest(tree, rels):
-    from fixpack.hashing import sha256_file
+    from fixpack.apply.hashing import sha256_file
 
     m = manifest()
     return {rel: sha256_file(tree / rel) == m[rel.split("/", 1)[0]][rel.split("/", 1)[1]] for rel in rels}
@@ -167,7 +167,7 @@ def test_every_pinned_fix_gives_its_pinned_bytes_and_only_codemods_import_libcst
     import sys
 
     from fixpack import worker
-    from fixpack.hashing import sha256_bytes
+    from fixpack.apply.hashing import sha256_bytes
     from fixpack.pack.pack import Pack
 
     tree, profile = release_tree(tmp_path)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack import kinds
+from fixpack.apply.hashing import fix_hash
+from fixpack.apply.locations import port_layer
 from fixpack.errors import ConfigError
-from fixpack.hashing import fix_hash
-from fixpack.locations import port_layer
 from fixpack.pack import schema
 from fixpack.pack.paths import check_relpath
 

@@ -1,5 +1,5 @@
 """fix.yaml `releases:`: one folder per fix, each release's status, its own change file only
-where it differs (fixpack.pack.pack.load_fix / release_view, fixpack.fastpath.fix_hash, lock carry)."""
+where it differs (fixpack.pack.pack.load_fix / release_view, fixpack.apply.fastpath.fix_hash, lock carry)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from fixpack.apply.fastpath import fix_hash, hash_known
 from fixpack.errors import ConfigError
-from fixpack.fastpath import fix_hash, hash_known
 from fixpack.pack.lockfile import carry_earlier
 from fixpack.pack.pack import Pack, load_fix
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fixpack.store import atomic_write
+from fixpack.apply.store import atomic_write
 from fixpack.watch import TreeWatch, scan
 
 

@@ -36,11 +36,11 @@ def profile_name(args, pack) -> str:
 
 
 def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False, check_pack: bool = True, keep_applied_port: bool = False):
+    from fixpack.apply.engine import Engine
+    from fixpack.apply.store import Store
+    from fixpack.apply.targets import default_state_dir, locate, refuse_if_imported, require
     from fixpack.cli.output import Lines
-    from fixpack.engine import Engine
     from fixpack.pack.lockfile import Lock
-    from fixpack.store import Store
-    from fixpack.targets import default_state_dir, locate, refuse_if_imported, require
 
     pack = pack_of(args)
     profile = pack.profile(profile_name(args, pack))
@@ -52,7 +52,7 @@ def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = Tru
     store = Store(args.state_dir.resolve() if args.state_dir else default_state_dir(found, root))
     if port_obj is None and keep_applied_port:
         # A container start names the profile and its opt-ins; the port applied at image build stays.
-        from fixpack.state import StateRecord
+        from fixpack.apply.state import StateRecord
 
         state = store.read_state()
         applied_port = state.port if isinstance(state, StateRecord) else None

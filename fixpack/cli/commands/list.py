@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from fixpack.apply.locations import port_layer
 from fixpack.cli.commands._common import emit_json, pack_of
-from fixpack.locations import port_layer
 
 
 def add_parser(sub):

@@ -21,8 +21,8 @@ def add_parser(sub):
 
 def run(args) -> int:
     from fixpack import kinds, release
+    from fixpack.apply.store import atomic_write
     from fixpack.diffpatch import parse_diff, rebase_file_patch, unified
-    from fixpack.store import atomic_write
 
     pack = pack_of(args)
     profile = pack.profile(profile_name(args, pack))

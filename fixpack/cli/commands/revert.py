@@ -15,8 +15,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from fixpack import engine as eng
-    from fixpack.state import StateRecord
+    from fixpack.apply import engine as eng
+    from fixpack.apply.state import StateRecord
 
     if bool(args.fix) == bool(args.all):
         raise ConfigError("name one fix to revert, or pass --all")

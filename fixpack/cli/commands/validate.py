@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fixpack.apply.locations import port_layer
 from fixpack.cli.commands._common import pack_of
 from fixpack.errors import ConfigError, FixpackError
-from fixpack.locations import port_layer
 from fixpack.pack.pack import Port
 
 

@@ -19,7 +19,7 @@ def add_parser(sub):
 def _located(lock, root) -> dict[str, str]:
     """The lock's packages under --root; without it, all of them where Python finds them or
     none (one missing names them all in the not-found message, as before locate was shared)."""
-    from fixpack.locations import locate
+    from fixpack.apply.locations import locate
 
     packages = locate(lock.data["packages"], root)
     return packages if root is not None or len(packages) == len(lock.data["packages"]) else {}
@@ -28,7 +28,7 @@ def _located(lock, root) -> dict[str, str]:
 def _applied_profile(lock, root, state_dir) -> str | None:
     from pathlib import Path
 
-    from fixpack.locations import state_dir as state_folder
+    from fixpack.apply.locations import state_dir as state_folder
 
     if lock is None:
         return None
@@ -47,12 +47,12 @@ def _applied_profile(lock, root, state_dir) -> str | None:
 def run(args) -> int:
     from pathlib import Path
 
+    from fixpack.apply.locations import lock_path as lock_of
+    from fixpack.apply.locations import state_dir as state_folder
+    from fixpack.apply.store import Store
+    from fixpack.apply.verify import verify
     from fixpack.cli.output import Lines
-    from fixpack.locations import lock_path as lock_of
-    from fixpack.locations import state_dir as state_folder
     from fixpack.pack.lockfile import Lock
-    from fixpack.store import Store
-    from fixpack.verify import verify
 
     pack = (args.pack or Path(__file__).resolve().parents[3]).resolve()
     root = args.root.resolve() if args.root else None

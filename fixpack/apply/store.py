@@ -16,9 +16,9 @@ import signal
 import time
 from pathlib import Path
 
+from fixpack.apply.hashing import sha256_bytes
+from fixpack.apply.state import Journal, StateRecord, Unreadable
 from fixpack.errors import Drift, EnvironmentFault, Locked
-from fixpack.hashing import sha256_bytes
-from fixpack.state import Journal, StateRecord, Unreadable
 
 STATE_FORMAT = 1
 
@@ -116,10 +116,10 @@ def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None,
 
 def replace_in_tree(root: Path, path: Path, data: bytes, *, label: str = "") -> None:
     """`atomic_write` for a file of a package folder (``root``), made entirely through a
-    descriptor of its folder, walked from ``root`` without following a symlink (fixpack.dirfd):
+    descriptor of its folder, walked from ``root`` without following a symlink (fixpack.apply.dirfd):
     a folder on the way swapped during the run is refused (exit 6), never written through. The
     new file keeps the old one's owner and mode."""
-    from fixpack import dirfd
+    from fixpack.apply import dirfd
 
     pfd, name = dirfd.open_parent(str(root), str(path), lambda _: None, done="written")
     try:
@@ -176,7 +176,7 @@ def drop_bytecode(path: Path, root: Path | None = None) -> None:
     """A rewritten .py must never run as its stale .pyc. With ``root`` (its package folder), the
     __pycache__ folder is reached through descriptors, as `replace_in_tree` reaches the file."""
     if root is not None:
-        from fixpack import dirfd
+        from fixpack.apply import dirfd
 
         pfd, _ = dirfd.open_parent(str(root), str(path), lambda _: None, done="removed")
         try:
@@ -314,7 +314,7 @@ class Store:
         path = self.dir / "staging" / name
         sfd = self._subfolder(self._folder(), "staging", self.dir / "staging")
         try:
-            from fixpack.dirfd import remove_tree_at
+            from fixpack.apply.dirfd import remove_tree_at
 
             try:
                 remove_tree_at(sfd, name)  # left by a killed run

@@ -3,7 +3,7 @@
 The driver never edits a file it has not checked: every target must be in a pinned state
 before a fix runs (pristine, or the pinned result of the fixes applied before it), and
 every result must equal its pin before it is committed. Each fix is computed by its own
-process (fixpack.runner) and committed all-or-nothing under a journal (fixpack.journal).
+process (fixpack.runner) and committed all-or-nothing under a journal (fixpack.apply.journal).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixpack import __version__, journal
+from fixpack import __version__
+from fixpack.apply import journal
+from fixpack.apply.hashing import sha256_bytes, short
+from fixpack.apply.state import Journal, Layer, StateRecord, Step, Unreadable, expected_after, pinned_steps
+from fixpack.apply.store import Store, fs_error
 from fixpack.cli.output import Lines
 from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
-from fixpack.hashing import sha256_bytes, short
 from fixpack.pack.lockfile import Lock, selection_key
 from fixpack.pack.pack import Fix, Pack, Port, Profile
 from fixpack.pack.paths import resolve_inside
 from fixpack.runner import DEFAULT_TIMEOUT, Runner, protection_text
-from fixpack.state import Journal, Layer, StateRecord, Step, Unreadable, expected_after, pinned_steps
-from fixpack.store import Store, fs_error
 from fixpack.worker import sealed
 
 __all__ = ["DEFAULT_TIMEOUT", "Engine", "protection_text", "revert"]
@@ -97,7 +98,7 @@ class Engine:
         return resolve_inside(self.found[package], sub, where=rel)
 
     def root(self, rel: str) -> Path:
-        """The package folder ``rel`` is in: where writes to it are walked from (fixpack.dirfd)."""
+        """The package folder ``rel`` is in: where writes to it are walked from (fixpack.apply.dirfd)."""
         package = rel.split("/", 1)[0]
         if package not in self.found:
             raise BaseMismatch(f"{rel}: package {package} not found")
@@ -164,7 +165,7 @@ class Engine:
 
     def _identity(self) -> dict:
         if not hasattr(self, "_ident"):
-            from fixpack.targets import identify
+            from fixpack.apply.targets import identify
 
             self._ident = identify(self.found)
         return self._ident
@@ -283,7 +284,7 @@ class Engine:
             return True
         if self.lock is None or self.pinned is None:
             return False
-        from fixpack.fastpath import hash_known
+        from fixpack.apply.fastpath import hash_known
 
         pins = {s.fix: s.files for s in self.pinned}
         return hash_known(self.lock.data["fixes"].get(step.fix, {}), step.fix_hash) and pins.get(step.fix) == step.files

@@ -1,6 +1,6 @@
 """The records the engine keeps beside the targets: applied steps, the state record and the journal.
 
-Each is a record class read from and written to JSON (fixpack.store checks the shape before one
+Each is a record class read from and written to JSON (fixpack.apply.store checks the shape before one
 is built; a record that fails the check reads as `Unreadable`). The JSON keys are those of
 earlier versions, so an image applied by one reads with the next.
 
@@ -11,7 +11,7 @@ in `inspect`, about 10 ms here, a third of that start-up.
 
 from __future__ import annotations
 
-from fixpack.locations import layer_port, port_layer
+from fixpack.apply.locations import layer_port, port_layer
 
 
 class _Record:
@@ -117,7 +117,7 @@ def selection_pins(lock, key: str | None) -> dict[str, dict[str, list[str]]] | N
 def unpinned(lock, key: str | None, pins: dict | None, step: Step) -> str | None:
     """Why ``step`` is not a step ``lock`` pins for selection ``key`` (None: it is): the same
     fix, the same files, the same hashes before and after."""
-    from fixpack.hashing import short
+    from fixpack.apply.hashing import short
 
     if pins is None:
         return f"records selection {key!r}, which {lock.path.name} does not pin"

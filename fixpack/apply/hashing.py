@@ -1,6 +1,6 @@
 """sha256 of files and of fix folders.
 
-Standard library only, no pathlib: the container-start check (fixpack.fastpath) hashes
+Standard library only, no pathlib: the container-start check (fixpack.apply.fastpath) hashes
 through it before anything else is imported.
 """
 

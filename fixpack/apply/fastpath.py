@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 
-from fixpack import hashing
+from fixpack.apply import hashing
+from fixpack.apply.locations import layer_port, locate, lock_path
+from fixpack.apply.locations import state_dir as state_folder
 from fixpack.kinds import CHANGE_FILES
-from fixpack.locations import layer_port, locate, lock_path
-from fixpack.locations import state_dir as state_folder
 
 
 def _sha(path: str) -> str | None:

@@ -20,7 +20,7 @@ def refuse_if_imported(packages: list[str]) -> None:
 
 def locate(packages: list[str], root: Path | None) -> dict[str, Path]:
     """Map each package name to its folder: under ``root`` if given, else where Python finds it."""
-    from fixpack import locations
+    from fixpack.apply import locations
 
     return {name: Path(d) for name, d in locations.locate(packages, root).items()}
 
@@ -34,7 +34,7 @@ def require(found: dict[str, Path], needed: list[str], root: Path | None) -> Non
 
 def default_state_dir(found: dict[str, Path], root: Path | None) -> Path:
     """The state record lives beside the targets: in --root, or in the folder holding the packages."""
-    from fixpack.locations import state_dir
+    from fixpack.apply.locations import state_dir
 
     return Path(state_dir(found.values(), root))
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fixpack.apply.hashing import sha256_file, short
+from fixpack.apply.state import Unreadable, selection_pins, unpinned
+from fixpack.apply.store import Store
 from fixpack.cli.output import Lines
-from fixpack.hashing import sha256_file, short
 from fixpack.pack.lockfile import Lock
-from fixpack.state import Unreadable, selection_pins, unpinned
-from fixpack.store import Store
 
 
 def verify(found: dict[str, Path], store: Store, lock: Lock | None, report: Lines) -> tuple[int, dict]:

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from fixpack.apply.hashing import short
+from fixpack.apply.state import Journal, StateRecord, Step, Unreadable
+from fixpack.apply.store import Store, crashpoint, drop_bytecode, replace_in_tree
 from fixpack.cli.output import Lines
 from fixpack.errors import Drift
-from fixpack.hashing import short
-from fixpack.state import Journal, StateRecord, Step, Unreadable
-from fixpack.store import Store, crashpoint, drop_bytecode, replace_in_tree
 
 
 class Files(Protocol):

@@ -1,6 +1,6 @@
 """Where a selection's state folder and lock are, and what a layer names.
 
-One rule for the engine, `fixpack verify` and the container-start check (fixpack.fastpath),
+One rule for the engine, `fixpack verify` and the container-start check (fixpack.apply.fastpath),
 which imports this module before anything else: os.path only, no pathlib, no dataclasses.
 """
 
