@@ -26,7 +26,7 @@ def apply(fix_dir: Path, tree: Path, stage: Path) -> None:
     job = {"fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage), "check_idempotent": True, "targets": []}
     for i, t in enumerate(fix.targets):
         job["targets"].append({"rel": t.rel, "src": str(tree / t.rel), "out": str(stage / f"{i}.out")})
-    r = subprocess.run([sys.executable, "-m", "fixpack.worker"], input=json.dumps(job), capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "fixpack.sandbox.worker"], input=json.dumps(job), capture_output=True, text=True)
     res = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"error": r.stderr[-2000:]}
     if "error" in res:
         sys.exit(f"{fix.id}: {res['error']}")

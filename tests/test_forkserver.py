@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fixpack.forkserver import ForkServer, ServerDied
+from fixpack.sandbox.forkserver import ForkServer, ServerDied
 from testing.builders import REPO
 
 SRC = "def f():\n    return 1\n"
@@ -98,7 +98,7 @@ def test_a_dead_server_is_reported_and_replaced(server, tmp_path):
 
 def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
     code = (
-        "import sys, fixpack.forkserver as f\n"
+        "import sys, fixpack.sandbox.forkserver as f\n"
         "sys.stdin = open(sys.argv[1])\n"
         "f.serve()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'vllm_gaudi', 'libcst')), file=sys.stderr)\n"
@@ -121,7 +121,7 @@ def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
 
 
 def test_what_confined_a_child_is_its_first_line_and_a_fix_cannot_forge_it(server, tmp_path):
-    from fixpack.runner import Runner
+    from fixpack.sandbox.runner import Runner
 
     forged = json.dumps({"protection": {"sandbox": "landlock", "abi": 7, "seccomp": True}})
     body = f"print({forged!r}, flush=True); return replace_once(node, 'return 1', 'return 2')"
@@ -138,7 +138,7 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
     import subprocess
 
     code = (
-        "import sys, fixpack.forkserver as f\n"
+        "import sys, fixpack.sandbox.forkserver as f\n"
         "sys.stdin = open(sys.argv[1])\n"
         "f.serve(sys.argv[2])\n"
         "print('libcst' in sys.modules, file=sys.stderr)\n"
@@ -152,7 +152,7 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
         assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == has, (preload, r.stderr)
 
     from fixpack.cli.output import Lines
-    from fixpack.runner import Runner
+    from fixpack.sandbox.runner import Runner
 
     runner = Runner([tmp_path], tmp_path, Lines(quiet=True))
     try:
@@ -167,9 +167,9 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
 
 
 def test_servers_started_before_the_engine_are_adopted_by_the_run_or_ended(tmp_path):
-    from fixpack import forkserver
     from fixpack.cli.output import Lines
-    from fixpack.runner import Runner
+    from fixpack.sandbox import forkserver
+    from fixpack.sandbox.runner import Runner
 
     forkserver.prestart(["", "codemod"])
     try:
@@ -188,8 +188,8 @@ def test_servers_started_before_the_engine_are_adopted_by_the_run_or_ended(tmp_p
 
 def test_a_command_that_stops_before_its_first_fix_leaves_no_server_running(pack, monkeypatch):
     """apply starts the servers before the engine is built; a refused run must not leave them."""
-    from fixpack import forkserver
     from fixpack.cli.main import main
+    from fixpack.sandbox import forkserver
 
     started = []
     real_start = forkserver.ForkServer.start
@@ -206,7 +206,7 @@ def test_a_command_that_stops_before_its_first_fix_leaves_no_server_running(pack
 
 
 def test_a_server_that_took_no_job_is_ended_not_waited_for_and_one_that_did_exits_cleanly(server, tmp_path):
-    from fixpack.forkserver import server_env
+    from fixpack.sandbox.forkserver import server_env
 
     idle = ForkServer(server_env(), cwd=str(tmp_path), preload="codemod")
     idle.start()
@@ -225,7 +225,7 @@ def test_the_codemod_servers_warm_up_leaves_every_attribute_of_dataclasses_as_it
     code = (
         "import dataclasses, inspect, sys\n"
         "before = dict(vars(dataclasses))\n"
-        "import fixpack.forkserver as f\n"
+        "import fixpack.sandbox.forkserver as f\n"
         "sys.stdin = open(sys.argv[1])\n"
         "f.serve('codemod')\n"
         "import libcst.matchers as m\n"
@@ -245,7 +245,7 @@ def test_the_codemod_servers_warm_up_leaves_every_attribute_of_dataclasses_as_it
 
 @pytest.mark.parametrize("preload", ["codemod", ""], ids=["codemod server", "libcst at the first codemod"])
 def test_a_codemods_process_sees_dataclasses_and_inspect_as_the_standard_library_has_them(tmp_path, preload):
-    from fixpack.forkserver import server_env
+    from fixpack.sandbox.forkserver import server_env
 
     server = ForkServer(server_env(), cwd=str(tmp_path), preload=preload)
     try:

@@ -166,9 +166,9 @@ def test_every_pinned_fix_gives_its_pinned_bytes_and_only_codemods_import_libcst
     import os
     import sys
 
-    from fixpack import worker
     from fixpack.apply.hashing import sha256_bytes
     from fixpack.pack.pack import Pack
+    from fixpack.sandbox import worker
 
     tree, profile = release_tree(tmp_path)
     pack = Pack(REPO)

@@ -3,7 +3,7 @@
 The driver never edits a file it has not checked: every target must be in a pinned state
 before a fix runs (pristine, or the pinned result of the fixes applied before it), and
 every result must equal its pin before it is committed. Each fix is computed by its own
-process (fixpack.runner) and committed all-or-nothing under a journal (fixpack.apply.journal).
+process (fixpack.sandbox.runner) and committed all-or-nothing under a journal (fixpack.apply.journal).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, F
 from fixpack.pack.lockfile import Lock, selection_key
 from fixpack.pack.pack import Fix, Pack, Port, Profile
 from fixpack.pack.paths import resolve_inside
-from fixpack.runner import DEFAULT_TIMEOUT, Runner, protection_text
-from fixpack.worker import sealed
+from fixpack.sandbox.runner import DEFAULT_TIMEOUT, Runner, protection_text
+from fixpack.sandbox.worker import sealed
 
 __all__ = ["DEFAULT_TIMEOUT", "Engine", "protection_text", "revert"]
 

@@ -19,7 +19,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from fixpack import forkserver
+    from fixpack.sandbox import forkserver
 
     if not args.dry_run:
         # The fast path said "not applied": fixes will most likely run. Their servers start now, so

@@ -1,16 +1,16 @@
-"""Applies one fix in its own process: a child of fixpack.forkserver, or
-``python -m fixpack.worker`` with a JSON job on stdin.
+"""Applies one fix in its own process: a child of fixpack.sandbox.forkserver, or
+``python -m fixpack.sandbox.worker`` with a JSON job on stdin.
 
 The job names the fix folder, its kind, and for each declared target the file to read and
 the staging file to write. The worker never writes anywhere else. First the process gives up
-its privileges (fixpack.privilege: no capability in any set, no_new_privs). Then two guards, in
-this order: the kernel (Landlock, fixpack.landlock: writes only beneath the staging folder, no
-program started; and a seccomp filter, fixpack.seccomp: no change of mode, owner, times or
+its privileges (fixpack.sandbox.privilege: no capability in any set, no_new_privs). Then two guards, in
+this order: the kernel (Landlock, fixpack.sandbox.landlock: writes only beneath the staging folder, no
+program started; and a seccomp filter, fixpack.sandbox.seccomp: no change of mode, owner, times or
 xattrs, no privileged or cross-process call, no new process), where the kernel has them; then
 an audit hook that refuses the same in Python, so that a
 mistake gets a clear message. The hook alone can be bypassed (ctypes, for one); that is why,
 unless the kernel sealed the process, the driver also compares a snapshot of the trees after
-the process ends (fixpack.watch). The first line the process prints says which walls stand,
+the process ends (fixpack.sandbox.watch). The first line the process prints says which walls stand,
 before any code of the fix runs. The driver checks the staged bytes against the pins and
 commits them; nothing here touches a target.
 """
@@ -32,20 +32,20 @@ def confine(stage_dir: str, mode: str, limits: dict | None = None) -> dict:
     ``mode``: auto (Landlock when the kernel has it, else the audit hook alone, said in the
     result), landlock (required), hook (Landlock and the metadata filter forced off). In every
     mode the capabilities are dropped and the seccomp filter refuses the privileged and
-    cross-process calls (fixpack.seccomp): neither needs Landlock. Returns what is in force,
+    cross-process calls (fixpack.sandbox.seccomp): neither needs Landlock. Returns what is in force,
     for the state record."""
-    from fixpack import privilege
+    from fixpack.sandbox import privilege
 
     if limits:  # before the capabilities go: without CAP_SYS_RESOURCE they can never be raised again
-        from fixpack import limits as rlimits
+        from fixpack.sandbox import limits as rlimits
 
         rlimits.apply(limits)
     dropped = privilege.drop_all()  # first: Landlock and seccomp need no privilege, and a fix gets none
     if mode == "hook":
         got: dict = {"sandbox": "audit-hook", "reason": "Landlock forced off (FIXPACK_SANDBOX=hook)"}
     else:
-        from fixpack.landlock import Unavailable
-        from fixpack.landlock import confine as landlock_confine
+        from fixpack.sandbox.landlock import Unavailable
+        from fixpack.sandbox.landlock import confine as landlock_confine
 
         try:
             got = {"sandbox": "landlock", "abi": landlock_confine(stage_dir)}
@@ -56,7 +56,7 @@ def confine(stage_dir: str, mode: str, limits: dict | None = None) -> dict:
     got.update(dropped)
     # With Landlock, the filter takes metadata too (Landlock leaves mode, owner, times, xattrs
     # free); without it, the snapshot finds a metadata change, and the filter refuses the rest.
-    from fixpack import seccomp
+    from fixpack.sandbox import seccomp
 
     landlock = got["sandbox"] == "landlock"
     try:

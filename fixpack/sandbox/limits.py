@@ -1,6 +1,6 @@
 """Resource limits on a fix's process: address space, file size, open files, processes, CPU time.
 
-Set in the fix's process before it drops its capabilities (fixpack.privilege), so that it can
+Set in the fix's process before it drops its capabilities (fixpack.sandbox.privilege), so that it can
 never raise them again. ``FIXPACK_LIMITS`` overrides any of them, as ``name=value`` pairs
 separated by commas (``FIXPACK_LIMITS=as=16G,cpu=600``); sizes take K, M or G.
 
@@ -12,7 +12,7 @@ the kernel answers the process (MemoryError, EFBIG, EMFILE, EAGAIN) or ends it (
 SIGKILL at the hard CPU limit), and the driver reports "fix X exceeded LIMIT".
 
 RLIMIT_NPROC counts every process and thread of the user, and the kernel does not apply it to
-root at all: the seccomp filter (fixpack.seccomp) is what keeps a fix from starting any
+root at all: the seccomp filter (fixpack.sandbox.seccomp) is what keeps a fix from starting any
 process; this limit bounds threads (and processes where the filter is missing) for another uid.
 """
 

@@ -1,8 +1,8 @@
 """The runner: one fix's job in, the bytes of its targets out.
 
-Each fix is computed by its own process (fixpack.worker, forked by fixpack.forkserver),
+Each fix is computed by its own process (fixpack.sandbox.worker, forked by fixpack.sandbox.forkserver),
 confined where the kernel can (Landlock, the seccomp filter) and by an audit hook. The runner
-snapshots the package folders and the state folder around it (fixpack.watch): a change outside
+snapshots the package folders and the state folder around it (fixpack.sandbox.watch): a change outside
 the fix's stage is undone and fails the fix, or, for a process the kernel sealed, is looked for
 once at the end of the run (`check_run`). It writes nothing but the stage; the driver
 (fixpack.apply.engine) checks the bytes against the pins and the journal (fixpack.apply.journal) commits them.
@@ -17,15 +17,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from fixpack import forkserver, kinds
-from fixpack import limits as rlimits
+from fixpack import kinds
 from fixpack.apply.store import Store, fs_error
 from fixpack.cli.output import Lines
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
-from fixpack.forkserver import ForkServer, ServerDied
 from fixpack.pack.pack import Fix
-from fixpack.watch import TreeWatch
-from fixpack.worker import SANDBOX_MODES, sealed
+from fixpack.sandbox import forkserver
+from fixpack.sandbox import limits as rlimits
+from fixpack.sandbox.forkserver import ForkServer, ServerDied
+from fixpack.sandbox.watch import TreeWatch
+from fixpack.sandbox.worker import SANDBOX_MODES, sealed
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -114,7 +115,7 @@ class Runner:
                 stage.mkdir(parents=True)
             except OSError as exc:
                 raise fs_error(exc, f"cannot create {stage}") from exc
-        # The fix's process holds no capability (fixpack.privilege): a target it could not read
+        # The fix's process holds no capability (fixpack.sandbox.privilege): a target it could not read
         # itself (another owner's, mode 0600) is read here and handed over as a copy in its stage.
         staged_in: dict[str, str] = {}
         for i, (rel, src) in enumerate(inputs.items()):
@@ -229,7 +230,7 @@ class Runner:
         if self._watch is None:
             kernel = False
             if self.sandbox != "hook":
-                from fixpack.landlock import Unavailable, abi_version
+                from fixpack.sandbox.landlock import Unavailable, abi_version
 
                 try:
                     abi_version()

@@ -6,10 +6,10 @@ write past every file's mode. The child drops them all, in every set (bounding, 
 then effective, permitted and inheritable), locks the securebits so that uid 0 cannot get them
 back (no capabilities on exec, none kept across a uid change), and sets no_new_privs, so that
 no exec (of a setuid or file-capability program) grants any. The uid stays what it is: the fix
-still owns what the driver's user owns, which is why Landlock (fixpack.landlock) and the seccomp
-filter (fixpack.seccomp) remain the walls; this takes away what a uid alone does not give.
+still owns what the driver's user owns, which is why Landlock (fixpack.sandbox.landlock) and the seccomp
+filter (fixpack.sandbox.seccomp) remain the walls; this takes away what a uid alone does not give.
 
-Made through ctypes (prctl, capset), as fixpack.landlock makes its calls: no dependency.
+Made through ctypes (prctl, capset), as fixpack.sandbox.landlock makes its calls: no dependency.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """One process per fix without paying an interpreter start-up and a libcst import per fix.
 
-The driver starts one server (``python -m fixpack.forkserver``) that imports the fix
+The driver starts one server (``python -m fixpack.sandbox.forkserver``) that imports the fix
 machinery (unidiff, yaml) once and never imports a target package or a fix; when the run
-has codemods, a second one (``python -m fixpack.forkserver codemod``) imports libcst at once,
+has codemods, a second one (``python -m fixpack.sandbox.forkserver codemod``) imports libcst at once,
 on another core while the first one's children apply the diffs and edits before them, so
 that the first codemod does not wait for it. For every job the server forks a fresh child; the child installs the write guard, loads the fix and
-computes its outputs (fixpack.worker.run), exactly as a separate ``python -m fixpack.worker``
+computes its outputs (fixpack.sandbox.worker.run), exactly as a separate ``python -m fixpack.sandbox.worker``
 would. A fix that crashes, hangs or misbehaves ends its own child only; the server reports
 its exit status, its output and whether it was killed for the timeout.
 
@@ -175,7 +175,7 @@ def _run_job(job: dict) -> dict:
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             os.chdir(job["stage_dir"])
-            from fixpack.worker import execute
+            from fixpack.sandbox.worker import execute
 
             code = execute(job)
         except BaseException:  # noqa: BLE001 - anything at all: the child must not return into the server loop
@@ -218,17 +218,17 @@ def serve(preload: str = "") -> int:
         import fixpack.diffpatch  # noqa: F401
         import fixpack.kinds.diff  # noqa: F401
     import fixpack.kinds.edit  # noqa: F401 - an edit, and a codemod's SCOPE, locate definitions with it
-    import fixpack.landlock  # noqa: F401 - ctypes, for each child's confinement
-    import fixpack.limits  # noqa: F401
-    import fixpack.privilege  # noqa: F401
-    import fixpack.seccomp  # noqa: F401
-    import fixpack.worker  # noqa: F401
+    import fixpack.sandbox.landlock  # noqa: F401 - ctypes, for each child's confinement
+    import fixpack.sandbox.limits  # noqa: F401
+    import fixpack.sandbox.privilege  # noqa: F401
+    import fixpack.sandbox.seccomp  # noqa: F401
+    import fixpack.sandbox.worker  # noqa: F401
 
     # A descendant of a fix's process that outlives it (setsid, a double fork) becomes this
     # server's child, not init's, and is ended after the job (end_descendants). Where prctl
     # fails, the fix's process group is still killed, and the seccomp filter refuses any new
-    # process in the first place (fixpack.seccomp).
-    fixpack.landlock._libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # process in the first place (fixpack.sandbox.seccomp).
+    fixpack.sandbox.landlock._libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     # What is imported stays for every child: out of the collector's reach, a child's collection
     # neither walks nor copies (copy-on-write) those objects.
     gc.freeze()
@@ -255,7 +255,7 @@ class ServerDied(RuntimeError):
 def server_env() -> dict:
     """The servers' environment: this fixpack first on the path, no bytecode written."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -306,7 +306,7 @@ class ForkServer:
         """Start the server (it imports the fix machinery while the driver unwinds)."""
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fixpack.forkserver", *([self.preload] if self.preload else [])],
+                [sys.executable, "-m", "fixpack.sandbox.forkserver", *([self.preload] if self.preload else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=self.cwd,
             )
             self.jobs = 0

@@ -1,6 +1,6 @@
 """The seccomp filter on a fix's process: no metadata change, no privileged or cross-process call.
 
-Landlock (fixpack.landlock) keeps a fix's writes, links, renames and truncations inside its
+Landlock (fixpack.sandbox.landlock) keeps a fix's writes, links, renames and truncations inside its
 staging folder, but it does not govern metadata: mode, owner, times and extended attributes
 can still be changed anywhere the process's user may. The metadata part of this filter closes
 that gap, so that with both in force the kernel alone guarantees that a fix's process changes
@@ -11,7 +11,7 @@ kernel without it) the driver's snapshot is what finds such a change, and the te
 The privilege part is installed in every mode (it needs seccomp only, not Landlock): a fix
 computes text, so it needs no device node, no other process's limits or priority, no kernel
 module, mount, key, BPF program, perf counter, netlink or raw socket, and no new process.
-Refused with EPERM (fixpack.privilege drops the capabilities too; this holds for what the
+Refused with EPERM (fixpack.sandbox.privilege drops the capabilities too; this holds for what the
 process's uid may do without any, such as ``prlimit`` on another root process):
 
 * whole: mknod/mknodat, ptrace, process_vm_readv/writev, pidfd_getfd, kcmp, kexec_load,
@@ -34,7 +34,7 @@ CAP_SYS_RESOURCE it cannot raise a hard one. An int argument is compared on its 
 the bits the kernel reads.
 
 A call from another system call table (x86's 32-bit or x32 tables) is refused whole. The
-program is a classic BPF filter written out by hand through ctypes, as fixpack.landlock makes
+program is a classic BPF filter written out by hand through ctypes, as fixpack.sandbox.landlock makes
 its system calls: no dependency, and the numbers of each architecture in one table
 (tests/test_seccomp.py runs the program in a small interpreter for every architecture listed).
 """
