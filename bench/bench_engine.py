@@ -56,8 +56,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", default="v0.26.0")
     a = ap.parse_args()
-    from fixpack import sources
     from fixpack.pack.pack import Pack
+    from fixpack.sources import sources
 
     pack = Pack(REPO)
     profile = pack.profile(a.profile)

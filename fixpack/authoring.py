@@ -121,7 +121,7 @@ def _apply(engine, fixes: list[Fix]) -> None:
 def prepare(pack: Pack, profile: Profile, fix_id: str, port: Port | None = None, pristine: Path | None = None, *, replace: bool = False) -> Workspace:
     """Make the workspace; ``pristine``: a folder holding the release's package folders (default:
     the release cache)."""
-    from fixpack import release
+    from fixpack.sources import release
 
     place = locate_fix(pack, profile, fix_id, port)
     ws = workspace(pack, fix_id)

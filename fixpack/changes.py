@@ -40,7 +40,7 @@ def release_roots(lock, packages: set[str]) -> dict[str, Path]:
     """The cached pristine tree of each package, from the base the lock was made from.
 
     Raises SourceUnavailable naming every package the cache lacks."""
-    from fixpack import sources
+    from fixpack.sources import sources
 
     roots: dict[str, Path] = {}
     missing = []

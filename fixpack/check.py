@@ -76,11 +76,12 @@ def check_release(
     """Prove every fix of ``profile`` (or only ``port``'s patches) on a scratch tree of the
     pristine release, ``workers`` test runs at a time; with ``quiet`` nothing is printed,
     otherwise one status line per fix."""
-    from fixpack import proof, release, sources
+    from fixpack import proof
     from fixpack.apply.engine import Engine
     from fixpack.apply.store import Store
     from fixpack.cli.output import Lines
     from fixpack.pack.lockfile import Lock
+    from fixpack.sources import release, sources
 
     lock = Lock.load(profile.lock_path)
     manifest = json.loads(profile.manifest_path.read_text())["files"]
@@ -214,7 +215,8 @@ def _test_bases(profile, jobs, pristine, work) -> list[str]:
     before/after trees, and the pristine tree its requirement proof starts from, get those."""
     import shutil
 
-    from fixpack import proof, sources
+    from fixpack import proof
+    from fixpack.sources import sources
 
     labels: dict[str, str] = {}
     for j in jobs:

@@ -31,7 +31,7 @@ from fixpack.errors import ConfigError
 
 
 def new_sources(profile, onto: list[str]) -> dict:
-    from fixpack import sources
+    from fixpack.sources import sources
 
     srcs = copy.deepcopy(profile.base["sources"])
     if not onto:
@@ -122,8 +122,8 @@ LABELS = {
 def rebase_report(pack, profile, srcs: dict, *, only: list[str] | None = None, tests: bool = True, test_timeout: float = 900.0) -> list[dict]:
     """One row per fix of ``profile`` (defaults and every opt-in; with ``only``, those named),
     each tried on the release ``srcs`` gives, stacked on the fixes before it that still apply."""
-    from fixpack import release, sources
     from fixpack.apply.store import atomic_write
+    from fixpack.sources import release, sources
 
     fixes = pack.selection(profile, profile.opt_ins)
     if only is not None:

@@ -57,8 +57,8 @@ def main() -> None:
         if a.tree:
             shutil.copytree(a.tree, tree)
         else:
-            from fixpack import sources
             from fixpack.pack.pack import Pack, default_pack_root
+            from fixpack.sources import sources
 
             sources.materialise(Pack(default_pack_root()).profile("v0.26.0").base["sources"], tree)
         for f in a.after:

@@ -136,7 +136,7 @@ def write_tree(root: Path) -> Path:
 
 
 def hashes(tree: Path) -> dict[str, dict[str, str]]:
-    from fixpack.release import tree_hashes
+    from fixpack.sources.release import tree_hashes
 
     return tree_hashes(tree, ["pkg_a", "pkg_b"])
 
@@ -169,7 +169,7 @@ def pristine_source(root: Path) -> Path:
 def write_lock(pack_root: Path) -> Path:
     """Generate the synthetic profile's manifest and lock from its pristine tree."""
     from fixpack.pack.pack import Pack
-    from fixpack.release import build_lock, dump
+    from fixpack.sources.release import build_lock, dump
 
     src = pristine_source(pack_root)
     pack = Pack(pack_root)
@@ -332,7 +332,7 @@ def stand_in_v030_pack(dev_tree: Path, tmp: Path) -> tuple[Path, dict[str, str]]
     development base of ``dev_tree`` plus a file no fix touches, made a git repository, named by
     the scratch profile and pinned with `fixpack manifest` and `fixpack lock`. Returns the pack
     and the environment fixpack needs to use it (its own cache, offline)."""
-    from fixpack import sources
+    from fixpack.sources import sources
 
     release = repo_of(dev_tree, tmp / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("stand-in\n"))
     pack = tmp / "cookbook"

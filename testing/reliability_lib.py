@@ -172,7 +172,7 @@ def real_subject(work: Path, relock: bool = False) -> Subject:
     regenerated from the release sources in that copy (the repository's lock is never
     touched); without it, SweepUnavailable says why."""
     from fixpack.pack.pack import Pack
-    from fixpack.release import pristine_tree
+    from fixpack.sources.release import pristine_tree
 
     stale = lock_is_current(REPO)
     if stale and not relock:

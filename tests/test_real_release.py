@@ -13,9 +13,9 @@ pytestmark = pytest.mark.release
 
 
 def release_tree(tmp_path):
-    from fixpack import sources
     from fixpack.errors import SourceUnavailable
     from fixpack.pack.pack import Pack
+    from fixpack.sources import sources
 
     profile = Pack(REPO).profile("v0.26.0")
     try:

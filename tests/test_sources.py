@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fixpack import sources
 from fixpack.errors import EnvironmentFault, SourceUnavailable
+from fixpack.sources import sources
 
 
 @pytest.fixture(autouse=True)

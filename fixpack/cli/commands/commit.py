@@ -20,8 +20,9 @@ def run(args) -> int:
     import json
     import shutil
 
-    from fixpack import authoring, release
+    from fixpack import authoring
     from fixpack.errors import FixpackError
+    from fixpack.sources import release
 
     pack = pack_of(args)
     ws = authoring.workspace(pack, args.id)

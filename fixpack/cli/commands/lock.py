@@ -19,7 +19,7 @@ def add_parser(sub):
 def run(args) -> int:
     from pathlib import Path
 
-    from fixpack import release
+    from fixpack.sources import release
 
     args.pack = Path(args.pack) if args.pack else None
     pack = pack_of(args)

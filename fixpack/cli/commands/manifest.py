@@ -16,7 +16,7 @@ def add_parser(sub):
 def run(args) -> int:
     from pathlib import Path
 
-    from fixpack import release
+    from fixpack.sources import release
 
     args.pack = Path(args.pack) if args.pack else None
     pack = pack_of(args)
@@ -24,7 +24,7 @@ def run(args) -> int:
     with release.scratch() as d:
         tree = release.pristine_tree(profile, d)
         hashes = release.tree_hashes(tree, profile.packages)
-    from fixpack import sources
+    from fixpack.sources import sources
 
     bases = sources.resolve(profile.base["sources"], profile.packages)
     text = release.dump({"profile": profile.name, "sources": profile.base["sources"], "bases": bases, "files": hashes})

@@ -25,7 +25,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from fixpack import sources
+    from fixpack.sources import sources
 
     if args.action == "add":
         if args.name.endswith("-wheel"):

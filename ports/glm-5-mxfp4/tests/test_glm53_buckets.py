@@ -24,7 +24,7 @@ RECIPE = REPO / buckets.RECIPE
 @pytest.fixture(scope="module")
 def tree() -> Path:
     from fixpack.errors import SourceUnavailable
-    from fixpack.sources import git_tree
+    from fixpack.sources.sources import git_tree
 
     try:
         # no URL: never fetch, only the cache's clone (tests run offline)

@@ -10,7 +10,6 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from fixpack import sources
 from fixpack.apply.engine import Engine
 from fixpack.apply.hashing import sha256_file
 from fixpack.apply.state import StateRecord, Step
@@ -18,6 +17,7 @@ from fixpack.apply.store import Store
 from fixpack.cli.output import Lines
 from fixpack.pack.lockfile import LOCK_FORMAT, carry_earlier, selection_key
 from fixpack.pack.pack import Pack, Port, Profile
+from fixpack.sources import sources
 
 
 @contextmanager
