@@ -25,7 +25,7 @@ class Applied:
 
 
 # a fix on another release's tree: (class, new file contents, notes, refreshed change); the
-# classes are those of fixpack.rebase ("exact", "offset", "conflict", "nomatch", "upstream")
+# classes are those of fixpack.proofs.rebase ("exact", "offset", "conflict", "nomatch", "upstream")
 Rebased = tuple[str, dict[str, bytes], list[str], str]
 
 

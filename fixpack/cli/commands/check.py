@@ -1,4 +1,4 @@
-"""fixpack check: prove every fix against the pristine release sources (fixpack/check.py)."""
+"""fixpack check: prove every fix against the pristine release sources (fixpack/proofs/check.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from fixpack.check import check_release
+    from fixpack.proofs.check import check_release
 
     pack = pack_of(args)
     profile = pack.profile(profile_name(args, pack))

@@ -20,8 +20,8 @@ def run(args) -> int:
     import json
     import shutil
 
-    from fixpack import authoring
     from fixpack.errors import FixpackError
+    from fixpack.proofs import authoring
     from fixpack.sources import release
 
     pack = pack_of(args)

@@ -19,7 +19,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from fixpack.authoring import prepare
+    from fixpack.proofs.authoring import prepare
 
     pack = pack_of(args)
     profile = pack.profile(profile_name(args, pack))

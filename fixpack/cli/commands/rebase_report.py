@@ -1,4 +1,4 @@
-"""fixpack rebase-report: classify every fix against another release (fixpack/rebase.py)."""
+"""fixpack rebase-report: classify every fix against another release (fixpack/proofs/rebase.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from fixpack.rebase import LABELS, new_sources, rebase_report
+    from fixpack.proofs.rebase import LABELS, new_sources, rebase_report
 
     pack = pack_of(args)
     profile = pack.profile(profile_name(args, pack))
@@ -73,7 +73,7 @@ def run(args) -> int:
 
 def _write_entries(pack, profile, rows: list[dict], release: str, *, dry_run: bool, quiet: bool) -> list[dict]:
     """Each row's entry for ``release`` written into its fix.yaml (or, dry run, printed)."""
-    from fixpack.rebase import _entry_text, release_entry, write_release_entry
+    from fixpack.proofs.rebase import _entry_text, release_entry, write_release_entry
 
     fixes = {f.id: f for f in pack.selection(profile, profile.opt_ins)}
     out = []

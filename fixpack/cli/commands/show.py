@@ -1,5 +1,5 @@
 """fixpack show ID: a fix's description, and the unified diff it makes on the pinned release
-(computed from the release-source cache by fixpack/changes.py, whatever the fix's kind)."""
+(computed from the release-source cache by fixpack/proofs/changes.py, whatever the fix's kind)."""
 
 from __future__ import annotations
 
@@ -96,8 +96,8 @@ def _change(pack, profile, fix):
     """(the fix's change on its pinned release, None) or (None, why it cannot be shown)."""
     if profile is None:
         return None, f"{fix.id} is in no profile, so it has no pinned release"
-    from fixpack.changes import chain_changes
     from fixpack.pack.lockfile import Lock
+    from fixpack.proofs.changes import chain_changes
 
     try:
         lock = Lock.load(profile.lock_path)

@@ -81,7 +81,7 @@ def duplicates(fix, tree: Path) -> list[str]:
 
 def test_verdict(fix, tree: Path, timeout: float) -> tuple[str, str]:
     """('green' | 'red' | 'cannot run', one line) for the fix's tests on ``tree``."""
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     run = proof.run_tests(fix, tree, timeout)
     if not run.reported:

@@ -34,7 +34,7 @@ from pathlib import Path
 from fixpack.errors import ConfigError
 from fixpack.testing import RELEASE_ENV
 
-PKG_PARENT = str(Path(__file__).resolve().parents[1])
+PKG_PARENT = str(Path(__file__).resolve().parents[2])
 _lock = __import__("threading").Lock()
 
 
@@ -103,7 +103,7 @@ class TestServer:
     def __init__(self):
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([sys.executable, "-c", "from fixpack.proof import _serve; _serve()"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", "from fixpack.proofs.proof import _serve; _serve()"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
 
     def run(self, args: list[str], env: dict, cwd: Path, log: Path, timeout: float) -> int | None:

@@ -71,7 +71,7 @@ def chain_changes(pack, profile, lock, *, upto: str | None = None, key: str | No
     """The change of each fix of one pinned selection, in pack order, each on the text the
     fixes before it leave; ``upto``: stop at that fix and return only its change;
     ``key``: the selection (default: the first that applies ``upto``, else the first)."""
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     if key is not None:
         sel = next((s for s in lock.data["selections"] if s["key"] == key), None)

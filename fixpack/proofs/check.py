@@ -2,7 +2,7 @@
 
 For each fix, in pack order, on a scratch tree of the release: it applies and gives its
 pinned hashes; its output compiles (and a codemod is a fixed point of itself). Then, part by
-part (fixpack/proof.py):
+part (fixpack/proofs/proof.py):
   red/green     each of its tests fails on the tree before it (an assertion, or the exception
                 the test declares with @pytest.mark.red_raises) and passes after it; a test
                 that passes before must be declared in fix.yaml `regression_guards`;
@@ -76,11 +76,11 @@ def check_release(
     """Prove every fix of ``profile`` (or only ``port``'s patches) on a scratch tree of the
     pristine release, ``workers`` test runs at a time; with ``quiet`` nothing is printed,
     otherwise one status line per fix."""
-    from fixpack import proof
     from fixpack.apply.engine import Engine
     from fixpack.apply.store import Store
     from fixpack.cli.output import Lines
     from fixpack.pack.lockfile import Lock
+    from fixpack.proofs import proof
     from fixpack.sources import release, sources
 
     lock = Lock.load(profile.lock_path)
@@ -215,7 +215,7 @@ def _test_bases(profile, jobs, pristine, work) -> list[str]:
     before/after trees, and the pristine tree its requirement proof starts from, get those."""
     import shutil
 
-    from fixpack import proof
+    from fixpack.proofs import proof
     from fixpack.sources import sources
 
     labels: dict[str, str] = {}
@@ -243,7 +243,7 @@ def _test_bases(profile, jobs, pristine, work) -> list[str]:
 
 
 def _prove_requires(job, by_id, chain, pristine, work, timeout) -> None:
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     fix = job["fix"]
     try:
@@ -298,7 +298,7 @@ def _prove_requires(job, by_id, chain, pristine, work, timeout) -> None:
 
 
 def _part_jobs(job, work) -> list[dict]:
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     fix = job["fix"]
     before, after = job["before"], job["after"]
@@ -322,7 +322,7 @@ def _part_jobs(job, work) -> list[dict]:
 
 
 def _prove_part(pj, timeout) -> dict:
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     job, part, full = pj["job"], pj["part"], pj["full"]
     fix = job["fix"]
