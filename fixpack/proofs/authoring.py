@@ -183,7 +183,7 @@ def tree_changes(ws: Workspace, packages: list[str]) -> tuple[dict[str, tuple[by
 def make_diff(modified: dict[str, tuple[bytes, bytes]]) -> bytes:
     """A unified diff in the pack's form (headers a/<package>/<path>, b/<package>/<path>), checked
     by applying it back: it must turn every base file into the edited one exactly."""
-    from fixpack.diffpatch import apply_file_patch, parse_diff
+    from fixpack.kinds.diffpatch import apply_file_patch, parse_diff
 
     out: list[str] = []
     for rel, (old, new) in sorted(modified.items()):
@@ -314,7 +314,7 @@ def commit(pack: Pack, fix_id: str) -> dict:
 def _gives(patch: Path, modified: dict[str, tuple[bytes, bytes]]) -> bool:
     """Whether the diff there turns every base file into the edited one (its hunk headers and
     context may differ from what make_diff writes; rewriting it would only change its hash)."""
-    from fixpack.diffpatch import apply_file_patch, parse_diff
+    from fixpack.kinds.diffpatch import apply_file_patch, parse_diff
 
     try:
         patches = {fp.path: fp for fp in parse_diff(patch.read_bytes(), where=str(patch))}

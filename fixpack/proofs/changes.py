@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixpack.diffpatch import unified
 from fixpack.errors import ConfigError, SourceUnavailable
+from fixpack.kinds.diffpatch import unified
 
 
 @dataclass

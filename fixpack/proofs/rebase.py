@@ -151,7 +151,7 @@ def rebase_report(pack, profile, srcs: dict, *, only: list[str] | None = None, t
             new_change = None
             if cls == "offset":  # a kind located by line (a diff) whose lines moved:
                 # the whole change made against the new release's bytes (every file, not only the moved ones)
-                from fixpack.diffpatch import unified
+                from fixpack.kinds.diffpatch import unified
 
                 new_change = "".join(unified((tree / t.rel).read_bytes(), changes[t.rel], t.rel) for t in fix.targets if t.rel in changes)
             for rel, data in changes.items():

@@ -215,8 +215,8 @@ def serve(preload: str = "") -> int:
         import unidiff  # noqa: F401
         import yaml  # noqa: F401 - an edit's edits.yaml
 
-        import fixpack.diffpatch  # noqa: F401
         import fixpack.kinds.diff  # noqa: F401
+        import fixpack.kinds.diffpatch  # noqa: F401
     import fixpack.kinds.edit  # noqa: F401 - an edit, and a codemod's SCOPE, locate definitions with it
     import fixpack.sandbox.landlock  # noqa: F401 - ctypes, for each child's confinement
     import fixpack.sandbox.limits  # noqa: F401

@@ -22,7 +22,7 @@ def add_parser(sub):
 def run(args) -> int:
     from fixpack import kinds
     from fixpack.apply.store import atomic_write
-    from fixpack.diffpatch import parse_diff, rebase_file_patch, unified
+    from fixpack.kinds.diffpatch import parse_diff, rebase_file_patch, unified
     from fixpack.sources import release
 
     pack = pack_of(args)
