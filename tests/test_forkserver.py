@@ -84,6 +84,28 @@ def test_a_child_may_not_write_outside_its_stage_or_start_processes(server, tmp_
     assert p["rc"] == 1 and "tried to start a process" in result(p)["error"]
 
 
+def test_the_release_checks_test_runs_are_jobs_of_the_same_server(server, tmp_path):
+    """A tests job (fixpack.proofs.proof) runs pytest in a forked child with its own environment
+    and working folder, stderr merged into stdout; a hanging one is killed at its timeout."""
+    (tmp_path / "test_a.py").write_text(
+        "import os, sys\n\n"
+        "def test_env_and_cwd():\n    sys.stderr.write('to stderr\\n')\n"
+        "    assert os.environ['ONLY'] == '1' and 'HOME' not in os.environ and os.getcwd() == os.environ['WHERE']\n\n"
+        "def test_red():\n    assert 1 == 2\n"
+    )
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hang():\n    time.sleep(60)\n")
+    args = ["-q", "-s", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(tmp_path)]
+    env = {"ONLY": "1", "WHERE": str(tmp_path), "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    run = {"args": [*args, str(tmp_path / "test_a.py")], "env": env, "cwd": str(tmp_path)}
+    reply = server.run({"tests": run}, timeout=120)
+    assert reply["rc"] == 1 and not reply["timed_out"], reply
+    assert "1 failed, 1 passed" in reply["stdout"] and "to stderr" in reply["stdout"] and reply["stderr"] == ""
+    hung = server.run({"tests": dict(run, args=[*args, str(tmp_path / "test_hang.py")])}, timeout=3)
+    assert hung["timed_out"] and hung["rc"] is None
+    bad = server.run({"tests": dict(run, cwd=str(tmp_path / "missing"))}, timeout=60)
+    assert bad["rc"] == 3  # pytest could not run at all: its internal-error code
+
+
 def test_a_dead_server_is_reported_and_replaced(server, tmp_path):
     server.start()
     server.proc.kill()

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from fixpack.errors import ConfigError
 from fixpack.testing import RELEASE_ENV
 
 PKG_PARENT = str(Path(__file__).resolve().parents[2])
-_lock = __import__("threading").Lock()
+_lock = threading.Lock()
 
 
 # ---------------------------------------------------------------- running a fix's tests
@@ -59,76 +60,22 @@ class TestRun:
 PRELOAD = ("torch", "numpy", "transformers", "tokenizers", "pydantic", "msgspec", "pytest", "fixpack.testing.plugin")
 
 
-def _serve() -> None:
-    """A test server: reads one JSON request a line, forks a child that runs pytest on it,
-    answers {"pid"} at once and {"rc"} when the child ends. The parent never runs a test."""
-    import importlib
-
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # a missing optional dependency only costs its import later
-            pass
-    out = sys.stdout
-    for line in sys.stdin:
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:  # the child: a fresh test process in all that the tests can see
-            try:
-                fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.environ.clear()
-                os.environ.update(req["env"])
-                os.chdir(req["cwd"])
-                sys.dont_write_bytecode = True
-                import pytest
-
-                rc = int(pytest.main(req["args"]))
-                sys.stdout.flush()
-                sys.stderr.flush()
-            except BaseException:
-                rc = 3
-            os._exit(rc)
-        out.write(json.dumps({"pid": pid}) + "\n")
-        out.flush()
-        _, status = os.waitpid(pid, 0)
-        out.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
-        out.flush()
-
-
 class TestServer:
-    """One per worker thread of the check; `run` has the contract of a fresh interpreter."""
+    """One per worker thread of the check: the sandbox's fork server with the test preload
+    (fixpack.sandbox.forkserver); `run` has the contract of a fresh interpreter."""
 
     def __init__(self):
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([sys.executable, "-c", "from fixpack.proofs.proof import _serve; _serve()"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
+        from fixpack.sandbox import forkserver
 
-    def run(self, args: list[str], env: dict, cwd: Path, log: Path, timeout: float) -> int | None:
-        import select
+        self.server = forkserver.ForkServer(forkserver.server_env(), cwd=PKG_PARENT, preload=forkserver.TESTS)
 
-        def reply(key):
-            line = self.proc.stdout.readline()
-            if not line:
-                raise OSError("the test server ended")
-            return json.loads(line)[key]
-
-        self.proc.stdin.write(json.dumps({"args": args, "env": env, "cwd": str(cwd), "log": str(log)}) + "\n")
-        self.proc.stdin.flush()
-        pid = reply("pid")
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            os.kill(pid, 9)
-            reply("rc")
-            return None
-        return reply("rc")
+    def run(self, args: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int | None, str]:
+        """pytest's exit code (None: killed at ``timeout``) and its output."""
+        reply = self.server.run({"tests": {"args": args, "env": env, "cwd": str(cwd)}}, timeout)
+        return (None if reply["timed_out"] else reply["rc"]), reply["stdout"]
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
+        self.server.close()
 
 
 _idle: list[TestServer] = []
@@ -140,10 +87,8 @@ def _acquire() -> TestServer | None:
     if os.environ.get("FIXPACK_TEST_SERVER", "1") == "0" or not hasattr(os, "fork"):
         return None
     with _lock:
-        while _idle:
-            srv = _idle.pop()
-            if srv.proc.poll() is None:
-                return srv
+        if _idle:
+            return _idle.pop()  # a server that has died is started again by its next run
     srv = TestServer()
     with _lock:
         _servers.append(srv)
@@ -180,17 +125,16 @@ def run_tests(fix, tree: Path, timeout: float, *, stop_at_first_failure: bool = 
             args.append("-x")
         t0 = time.perf_counter()
         srv = _acquire()
+        from fixpack.sandbox.forkserver import ServerDied  # the server imports this module
         if srv is not None:
-            log = Path(d) / "out.txt"
             try:
-                rc = srv.run(args + tests, env, fix.dir, log, timeout)
-            except (OSError, ValueError):
-                srv.proc.kill()
+                rc, stdout = srv.run(args + tests, env, fix.dir, timeout)
+            except (OSError, ValueError, ServerDied):
+                srv.close()
                 srv = None  # run it in a fresh interpreter instead
             finally:
                 _release(srv)
         if srv is not None:
-            stdout = log.read_text(errors="replace") if log.is_file() else ""
             stderr = ""
             if rc is None:
                 return TestRun(124, time.perf_counter() - t0, summary=f"timed out after {timeout:.0f} s")

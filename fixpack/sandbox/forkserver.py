@@ -9,13 +9,19 @@ computes its outputs (fixpack.sandbox.worker.run), exactly as a separate ``pytho
 would. A fix that crashes, hangs or misbehaves ends its own child only; the server reports
 its exit status, its output and whether it was killed for the timeout.
 
-Protocol: one JSON job per line on the server's stdin (the worker's job plus ``timeout``);
-one JSON reply per line on its stdout: ``{"rc", "stdout", "stderr", "timed_out"}``.
+The release check runs a fix's tests through the same server (``python -m
+fixpack.sandbox.forkserver tests``, which imports what every fix test imports once): a job with
+``tests`` (pytest's arguments, the environment and the working folder) runs pytest in the forked
+child instead of a fix, its stderr merged into its stdout.
+
+Protocol: one JSON job per line on the server's stdin (the worker's job, or a tests job, plus
+``timeout``); one JSON reply per line on its stdout: ``{"rc", "stdout", "stderr", "timed_out"}``.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import selectors
@@ -28,6 +34,7 @@ import time
 # process) and its end (the last line is the result), with the bytes between counted, not kept.
 HEAD_BYTES, TAIL_BYTES = 64 << 10, 1 << 20
 _PR_SET_CHILD_SUBREAPER = 36
+TESTS = "tests"  # the preload of the release check's test servers
 
 
 class Capture:
@@ -173,11 +180,14 @@ def _run_job(job: dict) -> dict:
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            os.chdir(job["stage_dir"])
-            from fixpack.sandbox.worker import execute
+            os.dup2(out_w if TESTS in job else err_w, 2)  # a test run's log is one stream
+            if TESTS in job:
+                code = _pytest(job[TESTS])
+            else:
+                os.chdir(job["stage_dir"])
+                from fixpack.sandbox.worker import execute
 
-            code = execute(job)
+                code = execute(job)
         except BaseException:  # noqa: BLE001 - anything at all: the child must not return into the server loop
             import traceback
 
@@ -201,11 +211,39 @@ def _run_job(job: dict) -> dict:
     return reply
 
 
+def _pytest(run: dict) -> int:
+    """A fix's tests in this forked child, as in a fresh interpreter: its own environment and
+    working folder, no bytecode written. pytest's exit code; 3 if pytest itself could not run."""
+    try:
+        os.environ.clear()
+        os.environ.update(run["env"])
+        os.chdir(run["cwd"])
+        sys.dont_write_bytecode = True
+        import pytest
+
+        rc = int(pytest.main(run["args"]))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return rc
+    except BaseException:  # noqa: BLE001 - reported as pytest's internal error, never raised into the server loop
+        return 3
+
+
 def serve(preload: str = "") -> int:
     # Imported once here so that no fix's process pays for them; nothing else is imported.
     from fixpack import kinds
 
-    if preload:
+    if preload == TESTS:
+        # what every fix test imports before it reaches its tree (never the tree's own vllm /
+        # vllm_gaudi: use_tree refuses them); a missing optional one costs its import later
+        from fixpack.proofs.proof import PRELOAD
+
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+    elif preload:
         # a kind's own server (the codemods'): only what its process uses; its start is on the
         # way to the run's first fix of that kind (libcst and its matchers for a codemod)
         for kind in kinds.ALL.values():
