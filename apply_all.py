@@ -5,7 +5,7 @@
 
 A thin door into `fixpack apply`; runs from a checkout without installing fixpack. At every
 container start the selection is usually applied already: that case is answered by hashing
-alone (fixpack.fastpath), before the rest of fixpack is imported.
+alone (fixpack.apply.fastpath), before the rest of fixpack is imported.
 """
 
 import os
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
 
 def _fast(argv):
-    from fixpack.fastpath import already_applied
+    from fixpack.apply.fastpath import already_applied
 
     opts, names, i = {}, [], 0
     while i < len(argv):
@@ -45,7 +45,7 @@ def _fast(argv):
 if __name__ == "__main__":
     if _fast(sys.argv[1:]):
         sys.exit(0)
-    from fixpack.main import main
+    from fixpack.cli.main import main
 
     # the pack is the checkout this file is in, for the full engine as for the fast path
     pack = [] if "--pack" in sys.argv[1:] else ["--pack", os.path.dirname(os.path.realpath(__file__))]

@@ -40,9 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=7)
     a = ap.parse_args()
-    from fixpack import sources
     from fixpack.kinds import codemod
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
+    from fixpack.sources import sources
 
     startup: list[float] = []
     imports: list[float] = []

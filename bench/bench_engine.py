@@ -56,8 +56,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", default="v0.26.0")
     a = ap.parse_args()
-    from fixpack import sources
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
+    from fixpack.sources import sources
 
     pack = Pack(REPO)
     profile = pack.profile(a.profile)
@@ -67,8 +67,8 @@ def main() -> None:
     subprocess.run([py, "-m", "compileall", "-q", str(REPO / "fixpack")], check=True)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     startup, cold, cold_hook, warm, verify, scans = [], [], [], [], [], []
-    from fixpack.landlock import Unavailable, abi_version
-    from fixpack.watch import scan
+    from fixpack.sandbox.landlock import Unavailable, abi_version
+    from fixpack.sandbox.watch import scan
 
     try:
         kernel = f"Landlock ABI {abi_version()}"
@@ -82,7 +82,7 @@ def main() -> None:
             startup.append(timed([py, "-c", "pass"]))
             cold.append(timed([py, str(REPO / "apply_all.py"), "--profile", a.profile, "--root", str(tree)], env, per_fix))
             if not walls:
-                from fixpack.runner import protection_text
+                from fixpack.sandbox.runner import protection_text
 
                 walls = protection_text(json.loads((tree / ".fixpack" / "state.json").read_text())["protection"])
             warm.append(timed([py, str(REPO / "apply_all.py"), "--profile", a.profile, "--root", str(tree)], env))

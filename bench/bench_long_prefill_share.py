@@ -183,8 +183,8 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from fixpack import sources
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
+    from fixpack.sources import sources
 
     profile = Pack(REPO).profile(PROFILE)
     py = sys.executable

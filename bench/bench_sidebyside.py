@@ -52,8 +52,8 @@ def main() -> None:
     a = ap.parse_args()
     variants = {"base": a.base.resolve(), "new": a.new.resolve()}
     sys.path.insert(0, str(variants["new"]))
-    from fixpack import sources
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
+    from fixpack.sources import sources
 
     profile = Pack(variants["new"]).profile(a.profile)
     py = sys.executable

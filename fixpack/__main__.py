@@ -1,5 +1,5 @@
 import sys
 
-from fixpack.main import main
+from fixpack.cli.main import main
 
 sys.exit(main())

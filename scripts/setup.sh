@@ -41,9 +41,9 @@ if [ -n "${FIXPACK_VLLM_GAUDI_CLONE:-}" ]; then
   .venv/bin/fixpack sources add vllm-gaudi "$FIXPACK_VLLM_GAUDI_CLONE"
 fi
 .venv/bin/python - <<'PY'
-from fixpack import sources
+from fixpack.sources import sources
 from fixpack.errors import SourceUnavailable
-from fixpack.pack import Pack, default_pack_root
+from fixpack.pack.pack import Pack, default_pack_root
 
 pack = Pack(default_pack_root())
 for name in pack.profile_names():
@@ -60,7 +60,7 @@ for name in pack.profile_names():
 PY
 # glm-5-mxfp4 tests read vLLM 0.30.0's own MXFP4 code from its wheel (about 300 MB, no install).
 .venv/bin/python - <<'PY'
-from fixpack import sources
+from fixpack.sources import sources
 from fixpack.errors import SourceUnavailable
 
 try:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fixpack.pack import load_fix  # installed by scripts/setup.sh (`pip install -e .`)
+from fixpack.pack.pack import load_fix  # installed by scripts/setup.sh (`pip install -e .`)
 
 
 def apply(fix_dir: Path, tree: Path, stage: Path) -> None:
@@ -26,7 +26,7 @@ def apply(fix_dir: Path, tree: Path, stage: Path) -> None:
     job = {"fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage), "check_idempotent": True, "targets": []}
     for i, t in enumerate(fix.targets):
         job["targets"].append({"rel": t.rel, "src": str(tree / t.rel), "out": str(stage / f"{i}.out")})
-    r = subprocess.run([sys.executable, "-m", "fixpack.worker"], input=json.dumps(job), capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "fixpack.sandbox.worker"], input=json.dumps(job), capture_output=True, text=True)
     res = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"error": r.stderr[-2000:]}
     if "error" in res:
         sys.exit(f"{fix.id}: {res['error']}")
@@ -57,8 +57,8 @@ def main() -> None:
         if a.tree:
             shutil.copytree(a.tree, tree)
         else:
-            from fixpack import sources
-            from fixpack.pack import Pack, default_pack_root
+            from fixpack.pack.pack import Pack, default_pack_root
+            from fixpack.sources import sources
 
             sources.materialise(Pack(default_pack_root()).profile("v0.26.0").base["sources"], tree)
         for f in a.after:

@@ -136,7 +136,7 @@ def write_tree(root: Path) -> Path:
 
 
 def hashes(tree: Path) -> dict[str, dict[str, str]]:
-    from fixpack.release import tree_hashes
+    from fixpack.sources.release import tree_hashes
 
     return tree_hashes(tree, ["pkg_a", "pkg_b"])
 
@@ -168,8 +168,8 @@ def pristine_source(root: Path) -> Path:
 
 def write_lock(pack_root: Path) -> Path:
     """Generate the synthetic profile's manifest and lock from its pristine tree."""
-    from fixpack.pack import Pack
-    from fixpack.release import build_lock, dump
+    from fixpack.pack.pack import Pack
+    from fixpack.sources.release import build_lock, dump
 
     src = pristine_source(pack_root)
     pack = Pack(pack_root)
@@ -285,7 +285,7 @@ def make_chain_pack(root: Path, *, n_files: int = 8, n_fixes: int = 7, files_per
 def forge_lock(pack_root: Path, fid: str, profile: str = "test") -> None:
     """Re-pin one fix's own hash in the lock after its files were replaced, keeping the pinned
     file states: the engine then runs the (changed) fix and must refuse what it produces."""
-    from fixpack.pack import load_fix
+    from fixpack.pack.pack import load_fix
 
     path = pack_root / "profiles" / f"{profile}.lock.json"
     lock = json.loads(path.read_text())
@@ -332,7 +332,7 @@ def stand_in_v030_pack(dev_tree: Path, tmp: Path) -> tuple[Path, dict[str, str]]
     development base of ``dev_tree`` plus a file no fix touches, made a git repository, named by
     the scratch profile and pinned with `fixpack manifest` and `fixpack lock`. Returns the pack
     and the environment fixpack needs to use it (its own cache, offline)."""
-    from fixpack import sources
+    from fixpack.sources import sources
 
     release = repo_of(dev_tree, tmp / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("stand-in\n"))
     pack = tmp / "cookbook"

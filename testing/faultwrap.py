@@ -10,7 +10,7 @@ own process, with one thing going wrong:
                              (28 ENOSPC, 30 EROFS, 13 EACCES, 122 EDQUOT); later writes too
                              when FAULT_ERRNO_STICKY=1 (a disk that stays full)
   FAULT_COUNT=FILE           write the number of os.write calls to regular files to FILE
-  FAULT_AT_LABEL=PREFIX      at the first write point (fixpack.store.crashpoint) whose label
+  FAULT_AT_LABEL=PREFIX      at the first write point (fixpack.apply.store.crashpoint) whose label
   FAULT_ACTION=ACTION:PATH   starts with PREFIX, do ACTION to PATH before going on:
                                dir      replace the file by a folder
                                symlink  replace the file by a symlink to FAULT_LINK_TO
@@ -71,10 +71,10 @@ def _act(action: str, path: str) -> None:
 
 def install() -> None:
     os.write = _faulty_write
-    import fixpack.journal
-    import fixpack.store
+    import fixpack.apply.journal
+    import fixpack.apply.store
 
-    real_crashpoint = fixpack.store.crashpoint
+    real_crashpoint = fixpack.apply.store.crashpoint
     prefix = os.environ.get("FAULT_AT_LABEL")
     done = []
 
@@ -85,13 +85,13 @@ def install() -> None:
             _act(action, path)
         real_crashpoint(label)
 
-    fixpack.store.crashpoint = crashpoint
-    fixpack.journal.crashpoint = crashpoint
+    fixpack.apply.store.crashpoint = crashpoint
+    fixpack.apply.journal.crashpoint = crashpoint
 
 
 def main() -> int:
     install()
-    from fixpack.main import main as fixpack_main
+    from fixpack.cli.main import main as fixpack_main
 
     try:
         return fixpack_main(sys.argv[1:])

@@ -25,7 +25,7 @@ def seed_page(number: str) -> Path | None:
 
 def rendered(recipe: Path) -> str:
     """What `fixpack recipe show --recipe RECIPE` prints."""
-    from fixpack.recipe import load_recipe, render
+    from fixpack.pack.recipe import load_recipe, render
 
     return render(load_recipe(recipe))
 

@@ -150,11 +150,11 @@ def synthetic_subject(work: Path, kind: str = "chain") -> Subject:
 
 def lock_is_current(pack_root: Path, profile_name: str = "v0.26.0") -> str | None:
     """None when the committed lock pins what the pack now gives, else the reason."""
-    from fixpack.engine import Engine
+    from fixpack.apply.engine import Engine
+    from fixpack.apply.store import Store
     from fixpack.errors import FixpackError
-    from fixpack.lockfile import Lock
-    from fixpack.pack import Pack
-    from fixpack.store import Store
+    from fixpack.pack.lockfile import Lock
+    from fixpack.pack.pack import Pack
 
     try:
         pack = Pack(pack_root)
@@ -171,8 +171,8 @@ def real_subject(work: Path, relock: bool = False) -> Subject:
     colleagues add fixes the committed lock may lag the profile: with ``relock`` the lock is
     regenerated from the release sources in that copy (the repository's lock is never
     touched); without it, SweepUnavailable says why."""
-    from fixpack.pack import Pack
-    from fixpack.release import pristine_tree
+    from fixpack.pack.pack import Pack
+    from fixpack.sources.release import pristine_tree
 
     stale = lock_is_current(REPO)
     if stale and not relock:

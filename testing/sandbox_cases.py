@@ -175,7 +175,7 @@ ESCAPES = [
     Escape(
         "load-module",
         "load a kernel module (an empty one: EBADF had it been allowed)",
-        "import platform\nfrom fixpack.seccomp import _ARCH\nnr = _ARCH[platform.machine()][3]['finit_module']\n"
+        "import platform\nfrom fixpack.sandbox.seccomp import _ARCH\nnr = _ARCH[platform.machine()][3]['finit_module']\n"
         "if libc.syscall(nr, -1, b'', 0) != 0 and ctypes.get_errno() != errno.EBADF: fail('finit_module')\n"
         "raise OSError(errno.EBADF, 'finit_module was allowed')",
         "",
@@ -244,7 +244,7 @@ def run_escape(esc: Escape, mode: str, work: Path):
 
 def landlock_here() -> str | None:
     """None when the kernel can confine a process here, else why not."""
-    from fixpack.landlock import Unavailable, abi_version
+    from fixpack.sandbox.landlock import Unavailable, abi_version
 
     try:
         abi_version()

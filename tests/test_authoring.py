@@ -1,5 +1,5 @@
 """`fixpack edit` / `fixpack commit`: write a fix by editing a tree, as pnpm patch and
-patch-package let users write theirs (fixpack/authoring.py)."""
+patch-package let users write theirs (fixpack/proofs/authoring.py)."""
 
 from __future__ import annotations
 
@@ -116,8 +116,8 @@ def test_an_edit_that_changes_nothing_in_a_diff_fix_leaves_its_file_and_hash_alo
 
 
 def test_a_new_entry_keeps_the_list_form_and_comments_or_is_refused_before_anything_is_written(tmp_path):
-    from fixpack.authoring import _with_entry
     from fixpack.errors import ConfigError
+    from fixpack.proofs.authoring import _with_entry
 
     f = tmp_path / "port.yaml"
     f.write_text("name: p\n# the patches\npatches: []  # none yet\n")

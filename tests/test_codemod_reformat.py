@@ -37,9 +37,9 @@ def ruff_format(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
-    from fixpack import sources
     from fixpack.errors import SourceUnavailable
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
+    from fixpack.sources import sources
 
     if not RUFF.exists():
         pytest.skip(f"ruff is not installed beside {sys.executable}")

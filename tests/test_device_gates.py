@@ -27,7 +27,7 @@ def load(rel: str):
 
 
 def test_every_device_gate_sits_beside_its_fix_and_one_command_finds_them_all():
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     run = load("gates/run.py")
     found = run.device_gates(REPO)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fixpack.forkserver import ForkServer, ServerDied
+from fixpack.sandbox.forkserver import ForkServer, ServerDied
 from testing.builders import REPO
 
 SRC = "def f():\n    return 1\n"
@@ -84,6 +84,28 @@ def test_a_child_may_not_write_outside_its_stage_or_start_processes(server, tmp_
     assert p["rc"] == 1 and "tried to start a process" in result(p)["error"]
 
 
+def test_the_release_checks_test_runs_are_jobs_of_the_same_server(server, tmp_path):
+    """A tests job (fixpack.proofs.proof) runs pytest in a forked child with its own environment
+    and working folder, stderr merged into stdout; a hanging one is killed at its timeout."""
+    (tmp_path / "test_a.py").write_text(
+        "import os, sys\n\n"
+        "def test_env_and_cwd():\n    sys.stderr.write('to stderr\\n')\n"
+        "    assert os.environ['ONLY'] == '1' and 'HOME' not in os.environ and os.getcwd() == os.environ['WHERE']\n\n"
+        "def test_red():\n    assert 1 == 2\n"
+    )
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hang():\n    time.sleep(60)\n")
+    args = ["-q", "-s", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(tmp_path)]
+    env = {"ONLY": "1", "WHERE": str(tmp_path), "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    run = {"args": [*args, str(tmp_path / "test_a.py")], "env": env, "cwd": str(tmp_path)}
+    reply = server.run({"tests": run}, timeout=120)
+    assert reply["rc"] == 1 and not reply["timed_out"], reply
+    assert "1 failed, 1 passed" in reply["stdout"] and "to stderr" in reply["stdout"] and reply["stderr"] == ""
+    hung = server.run({"tests": dict(run, args=[*args, str(tmp_path / "test_hang.py")])}, timeout=3)
+    assert hung["timed_out"] and hung["rc"] is None
+    bad = server.run({"tests": dict(run, cwd=str(tmp_path / "missing"))}, timeout=60)
+    assert bad["rc"] == 3  # pytest could not run at all: its internal-error code
+
+
 def test_a_dead_server_is_reported_and_replaced(server, tmp_path):
     server.start()
     server.proc.kill()
@@ -98,7 +120,7 @@ def test_a_dead_server_is_reported_and_replaced(server, tmp_path):
 
 def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
     code = (
-        "import sys, fixpack.forkserver as f\n"
+        "import sys, fixpack.sandbox.forkserver as f\n"
         "sys.stdin = open(sys.argv[1])\n"
         "f.serve()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'vllm_gaudi', 'libcst')), file=sys.stderr)\n"
@@ -108,7 +130,7 @@ def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
     (Path(j["fix_dir"]) / "codemod.py").unlink()
     (Path(j["fix_dir"]) / "edits.yaml").write_text("- {target: pkg/t.py, in: f, replace: return 1, with: return 2}\n")
     j["kind"] = "edit"
-    from fixpack.hashing import sha256_bytes
+    from fixpack.apply.hashing import sha256_bytes
 
     j["expect"] = {"pkg/t.py": sha256_bytes(SRC.replace("1", "2").encode())}
     (tmp_path / "jobs").write_text(json.dumps(j) + "\n")
@@ -121,7 +143,7 @@ def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
 
 
 def test_what_confined_a_child_is_its_first_line_and_a_fix_cannot_forge_it(server, tmp_path):
-    from fixpack.runner import Runner
+    from fixpack.sandbox.runner import Runner
 
     forged = json.dumps({"protection": {"sandbox": "landlock", "abi": 7, "seccomp": True}})
     body = f"print({forged!r}, flush=True); return replace_once(node, 'return 1', 'return 2')"
@@ -138,7 +160,7 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
     import subprocess
 
     code = (
-        "import sys, fixpack.forkserver as f\n"
+        "import sys, fixpack.sandbox.forkserver as f\n"
         "sys.stdin = open(sys.argv[1])\n"
         "f.serve(sys.argv[2])\n"
         "print('libcst' in sys.modules, file=sys.stderr)\n"
@@ -151,8 +173,8 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
         )
         assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == has, (preload, r.stderr)
 
-    from fixpack.output import Lines
-    from fixpack.runner import Runner
+    from fixpack.cli.output import Lines
+    from fixpack.sandbox.runner import Runner
 
     runner = Runner([tmp_path], tmp_path, Lines(quiet=True))
     try:
@@ -167,9 +189,9 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
 
 
 def test_servers_started_before_the_engine_are_adopted_by_the_run_or_ended(tmp_path):
-    from fixpack import forkserver
-    from fixpack.output import Lines
-    from fixpack.runner import Runner
+    from fixpack.cli.output import Lines
+    from fixpack.sandbox import forkserver
+    from fixpack.sandbox.runner import Runner
 
     forkserver.prestart(["", "codemod"])
     try:
@@ -188,8 +210,8 @@ def test_servers_started_before_the_engine_are_adopted_by_the_run_or_ended(tmp_p
 
 def test_a_command_that_stops_before_its_first_fix_leaves_no_server_running(pack, monkeypatch):
     """apply starts the servers before the engine is built; a refused run must not leave them."""
-    from fixpack import forkserver
-    from fixpack.main import main
+    from fixpack.cli.main import main
+    from fixpack.sandbox import forkserver
 
     started = []
     real_start = forkserver.ForkServer.start
@@ -206,7 +228,7 @@ def test_a_command_that_stops_before_its_first_fix_leaves_no_server_running(pack
 
 
 def test_a_server_that_took_no_job_is_ended_not_waited_for_and_one_that_did_exits_cleanly(server, tmp_path):
-    from fixpack.forkserver import server_env
+    from fixpack.sandbox.forkserver import server_env
 
     idle = ForkServer(server_env(), cwd=str(tmp_path), preload="codemod")
     idle.start()
@@ -225,7 +247,7 @@ def test_the_codemod_servers_warm_up_leaves_every_attribute_of_dataclasses_as_it
     code = (
         "import dataclasses, inspect, sys\n"
         "before = dict(vars(dataclasses))\n"
-        "import fixpack.forkserver as f\n"
+        "import fixpack.sandbox.forkserver as f\n"
         "sys.stdin = open(sys.argv[1])\n"
         "f.serve('codemod')\n"
         "import libcst.matchers as m\n"
@@ -245,7 +267,7 @@ def test_the_codemod_servers_warm_up_leaves_every_attribute_of_dataclasses_as_it
 
 @pytest.mark.parametrize("preload", ["codemod", ""], ids=["codemod server", "libcst at the first codemod"])
 def test_a_codemods_process_sees_dataclasses_and_inspect_as_the_standard_library_has_them(tmp_path, preload):
-    from fixpack.forkserver import server_env
+    from fixpack.sandbox.forkserver import server_env
 
     server = ForkServer(server_env(), cwd=str(tmp_path), preload=preload)
     try:

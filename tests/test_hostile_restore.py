@@ -3,7 +3,7 @@
 Whoever owns the package folders can, while fixpack runs as root, replace a folder of the tree
 by a symlink to a root-owned folder elsewhere. The driver's put-back then must not create,
 chmod or write anything there: each write is made through descriptors walked from the package
-folder without following a symlink (fixpack/dirfd.py), the change is named ("PATH: a parent
+folder without following a symlink (fixpack/apply/dirfd.py), the change is named ("PATH: a parent
 was replaced during the run; nothing was restored through it") and the run exits 6.
 """
 

@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from fixpack.state import Journal, StateRecord, Step
-from fixpack.store import Store
+from fixpack.apply.state import Journal, StateRecord, Step
+from fixpack.apply.store import Store
 from testing import builders as B
 from testing import reliability_lib as L
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from fixpack import limits
 from fixpack.errors import ConfigError
+from fixpack.sandbox import limits
 from testing import builders as B
 from testing import reliability_lib as L
 from testing.hostile_cases import Ctx
@@ -73,7 +73,7 @@ def test_a_bad_limits_setting_is_a_configuration_error(tmp_path):
 
 
 def test_output_is_kept_up_to_a_bound_with_the_rest_counted(server, tmp_path):  # noqa: F811 - the fixture
-    from fixpack.forkserver import HEAD_BYTES, TAIL_BYTES
+    from fixpack.sandbox.forkserver import HEAD_BYTES, TAIL_BYTES
 
     flood = 64 << 20
     body = f"sys.stdout.write('y' * ({flood} // 8) + 'z' * ({flood} * 7 // 8) + chr(10)); sys.stdout.flush(); return replace_once(node, 'return 1', 'return 2')"
@@ -108,7 +108,7 @@ def _without_seccomp(tmp_path) -> dict:
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(
-        "import fixpack.seccomp as s\n"
+        "import fixpack.sandbox.seccomp as s\n"
         "def _no(*a, **k):\n    raise s.Unavailable(38, 'no seccomp (emulated by the test)')\n"
         "s.install = _no\n"
     )

@@ -1,5 +1,5 @@
-"""A fix's process holds no privilege: each layer alone, in a forked child (fixpack/privilege.py,
-fixpack/landlock.py's stage grant, fixpack/seccomp.py's privileged calls)."""
+"""A fix's process holds no privilege: each layer alone, in a forked child (fixpack/sandbox/privilege.py,
+fixpack/sandbox/landlock.py's stage grant, fixpack/sandbox/seccomp.py's privileged calls)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from fixpack import landlock, privilege, seccomp
+from fixpack.sandbox import landlock, privilege, seccomp
 from testing.sandbox_cases import landlock_here
 
 

@@ -1,4 +1,4 @@
-"""The proof rules of `fixpack check` (fixpack/proof.py) on synthetic fixes, in milliseconds
+"""The proof rules of `fixpack check` (fixpack/proofs/proof.py) on synthetic fixes, in milliseconds
 of tree: what counts as red, what as a guard, which part of a change is needed.
 
 Each case is a real pytest run through the plugin's report, on a tiny tree, so the rules are
@@ -71,7 +71,7 @@ TESTS = textwrap.dedent(
 
 @pytest.fixture()
 def fix(tmp_path, monkeypatch):
-    from fixpack.pack import load_fix
+    from fixpack.pack.pack import load_fix
 
     monkeypatch.setenv("FIXPACK_TEST_SERVER", "0")  # a few tiny runs: no preloading server
     d = write_fix(tmp_path / "pack", "fix-x", "diff", ["pkg_a/mod.py"], "--- a/pkg_a/mod.py\n+++ b/pkg_a/mod.py\n@@ -12 +12 @@\n-line_12 = 12\n+line_12 = 13\n",
@@ -83,7 +83,7 @@ def fix(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("server", ["0", "1"], ids=["fresh-interpreter", "test-server"])
 def test_each_kind_of_failure_is_told_apart(fix, monkeypatch, server):
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     monkeypatch.setenv("FIXPACK_TEST_SERVER", server)
     f, tree = fix
@@ -105,7 +105,7 @@ def test_each_kind_of_failure_is_told_apart(fix, monkeypatch, server):
 
 
 def test_a_collection_error_is_never_red(fix):
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     f, tree = fix
     (f.dir / "test_it.py").write_text("import no_such_module_anywhere\n\ndef test_x(tree):\n    assert False\n")
@@ -116,7 +116,7 @@ def test_a_collection_error_is_never_red(fix):
 
 
 def test_guards_must_be_declared_and_pass_both_sides(fix):
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     f, tree = fix
     before = proof.run_tests(f, tree, 300)
@@ -131,7 +131,7 @@ def test_guards_must_be_declared_and_pass_both_sides(fix):
 
 
 def test_a_guard_that_fails_before_is_refused():
-    from fixpack import proof
+    from fixpack.proofs import proof
 
     fix = SimpleNamespace(meta={"regression_guards": ["test_g"]}, dir=None)
     failed = {"name": "test_g", "declared": [], "phases": {"setup": {"outcome": "passed"}, "call": {"outcome": "failed", "exc_type": "AssertionError", "exc_mro": ["AssertionError"], "raised_in_test": True, "cause": "boom"}}}
@@ -141,8 +141,8 @@ def test_a_guard_that_fails_before_is_refused():
 
 
 def test_parts_of_a_diff_and_of_an_edit_are_left_out_one_at_a_time(tmp_path):
-    from fixpack import proof
-    from fixpack.pack import load_fix
+    from fixpack.pack.pack import load_fix
+    from fixpack.proofs import proof
 
     tree = write_tree(tmp_path / "tree")
     diff = (
@@ -184,8 +184,8 @@ def test_parts_of_a_diff_and_of_an_edit_are_left_out_one_at_a_time(tmp_path):
 def test_requires_closure_names_a_missing_fix():
     from pathlib import Path
 
-    from fixpack import proof
     from fixpack.errors import ConfigError
+    from fixpack.proofs import proof
 
     a = SimpleNamespace(id="a", requires=[], dir=Path("fixes/a"))
     b = SimpleNamespace(id="b", requires=["a"], dir=Path("fixes/b"))

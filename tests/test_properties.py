@@ -9,7 +9,7 @@ form feeds and other characters Python's str.splitlines would break on) and rand
 - verify detects every single-byte change (substitution, and a sample of insertions and
   deletions) of every fixed file.
 
-The engine runs in this process with each fix computed by fixpack.worker.run in-process (the
+The engine runs in this process with each fix computed by fixpack.sandbox.worker.run in-process (the
 same code the worker process runs), so hundreds of examples stay cheap; the CLI path, the
 worker process and its guard are covered by the other reliability tests.
 """
@@ -29,14 +29,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fixpack import worker
-from fixpack.engine import Engine, revert
+from fixpack.apply.engine import Engine, revert
+from fixpack.apply.store import Store
+from fixpack.apply.verify import verify
+from fixpack.cli.output import Lines
 from fixpack.errors import FixFailed
-from fixpack.lockfile import Lock
-from fixpack.output import Lines
-from fixpack.pack import Pack
-from fixpack.store import Store
-from fixpack.verify import verify
+from fixpack.pack.lockfile import Lock
+from fixpack.pack.pack import Pack
+from fixpack.sandbox import worker
 from testing.builders import fix_yaml, write_lock, write_tree
 
 FILES = ["pkg_a/r0.txt", "pkg_b/r1.txt"]

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.release
 
 
 def release_tree(tmp_path):
-    from fixpack import sources
     from fixpack.errors import SourceUnavailable
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
+    from fixpack.sources import sources
 
     profile = Pack(REPO).profile("v0.26.0")
     try:
@@ -29,7 +29,7 @@ def manifest():
 
 
 def tree_matches_manifest(tree, rels):
-    from fixpack.hashing import sha256_file
+    from fixpack.apply.hashing import sha256_file
 
     m = manifest()
     return {rel: sha256_file(tree / rel) == m[rel.split("/", 1)[0]][rel.split("/", 1)[1]] for rel in rels}
@@ -124,7 +124,7 @@ def test_rebase_report_classifies_every_fix_on_a_later_release():
         pytest.skip(f"LATER RELEASE SOURCES UNAVAILABLE: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(r.stdout)
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     profile = Pack(REPO).profile("v0.26.0")
     assert [x["fix"] for x in data["fixes"]] == [e.id for e in profile.entries]
@@ -151,7 +151,7 @@ def test_every_port_patch_is_proven_red_green_against_the_release():
     if data["skipped_sources"]:
         pytest.skip("port patches not checked: release sources unavailable: " + ", ".join(data["skipped_sources"]))
     proof_holds(data)
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     port = Pack(REPO).port("glm-5-3-flash")
     proven = {x["fix"] for x in data["results"] if x["result"] in ("proven", "NOT-CPU")}
@@ -166,9 +166,9 @@ def test_every_pinned_fix_gives_its_pinned_bytes_and_only_codemods_import_libcst
     import os
     import sys
 
-    from fixpack import worker
-    from fixpack.hashing import sha256_bytes
-    from fixpack.pack import Pack
+    from fixpack.apply.hashing import sha256_bytes
+    from fixpack.pack.pack import Pack
+    from fixpack.sandbox import worker
 
     tree, profile = release_tree(tmp_path)
     pack = Pack(REPO)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fixpack.main import main
+from fixpack.cli.main import main
 from testing.recipes import as_in_image, edited, seed_page, write_recipe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def pack(tmp_path):
             sort_keys=False,
         )
     )
-    # no port code: the recipe check reads switch values with fixpack's one parser (fixpack/switches.py)
+    # no port code: the recipe check reads switch values with fixpack's one parser (fixpack/pack/switches.py)
     (root / TEMPLATE_REL).parent.mkdir(parents=True)
     shutil.copy(TEMPLATE, root / TEMPLATE_REL)
     recipe = root / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
@@ -148,7 +148,7 @@ def test_the_rendered_block_is_the_pages_block():
 
 
 def test_a_long_start_up_line_takes_its_opt_ins_on_a_continuation_line():
-    from fixpack.recipe import FIXES_WIDTH, fixes_line
+    from fixpack.pack.recipe import FIXES_WIDTH, fixes_line
 
     short = fixes_line("v0.26.0", ["a-fix"])
     assert short == 'python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 a-fix || exit 1'

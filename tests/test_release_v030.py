@@ -62,7 +62,7 @@ def test_every_glm_5_mxfp4_port_patch_is_proven_on_the_development_base():
     if data["skipped_sources"]:
         pytest.skip("glm-5-mxfp4 patches not checked: sources unavailable: " + ", ".join(data["skipped_sources"]))
     proof_holds(data)
-    from fixpack.pack import Pack
+    from fixpack.pack.pack import Pack
 
     port = Pack(REPO).port("glm-5-mxfp4")
     proven = {x["fix"] for x in data["results"] if x["result"] == "proven"}

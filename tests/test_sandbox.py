@@ -81,7 +81,7 @@ def _without_landlock(tmp_path, why: str) -> dict:
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(
-        "import fixpack.landlock as l\n"
+        "import fixpack.sandbox.landlock as l\n"
         f"def _no(*a, **k):\n    raise l.Unavailable(38, {why!r})\n"
         "l.abi_version = _no\nl.confine = _no\n"
     )
@@ -169,8 +169,8 @@ def test_sealed_fix_processes_are_compared_once_per_run(tmp_path, monkeypatch, c
     """Landlock + the seccomp filter: no per-fix scan of the trees, one comparison at the end."""
     if NO_LANDLOCK:
         pytest.skip(f"this kernel cannot confine a process: {NO_LANDLOCK}")
-    import fixpack.watch as W
-    from fixpack.main import main
+    import fixpack.sandbox.watch as W
+    from fixpack.cli.main import main
 
     root, tree = L.copy_pack("basic", tmp_path)
     scans = []

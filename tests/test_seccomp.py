@@ -1,4 +1,4 @@
-"""The metadata filter that, with Landlock, seals a fix's process (fixpack/seccomp.py)."""
+"""The metadata filter that, with Landlock, seals a fix's process (fixpack/sandbox/seccomp.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from fixpack import seccomp
+from fixpack.sandbox import seccomp
 
 
 def _run(prog, nr: int, arch: int, args=(0, 0, 0, 0, 0, 0)) -> int:

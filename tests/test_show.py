@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from fixpack.main import main
+from fixpack.cli.main import main
 from testing.builders import make_pack, pristine_source, write_lock
 
 SOURCES = {
@@ -104,10 +104,10 @@ def test_show_json_says_the_cache_lacks_the_release(cached, capsys):
 def test_every_pinned_selection_s_diffs_give_the_lock_s_bytes(profile_name):
     """The diffs `show` prints, for every fix and port patch of the real pack, are made on the
     pinned text and give the pinned output."""
-    from fixpack.changes import chain_changes
     from fixpack.errors import SourceUnavailable
-    from fixpack.lockfile import Lock
-    from fixpack.pack import Pack, default_pack_root
+    from fixpack.pack.lockfile import Lock
+    from fixpack.pack.pack import Pack, default_pack_root
+    from fixpack.proofs.changes import chain_changes
 
     pack = Pack(default_pack_root())
     profile = pack.profile(profile_name)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fixpack import sources
 from fixpack.errors import EnvironmentFault, SourceUnavailable
+from fixpack.sources import sources
 
 
 @pytest.fixture(autouse=True)
@@ -157,7 +157,7 @@ def test_no_clone_at_all_says_how_to_provide_one():
 
 
 def test_materialised_trees_are_hard_links_that_fixpack_never_writes_through(repo, tmp_path):
-    from fixpack.store import atomic_write
+    from fixpack.apply.store import atomic_write
 
     r, first, _ = repo
     spec = {"pkg": {"kind": "git", "repo": "demo", "commit": first}}

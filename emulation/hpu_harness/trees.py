@@ -16,7 +16,7 @@ TREE_ENV = "HPU_HARNESS_TREE"  # use this tree as it is (already built and patch
 def fixpack_python() -> Path:
     """The interpreter that has fixpack and its requirements (the project's ``.venv``)."""
     for candidate in (REPO / ".venv" / "bin" / "python", Path(sys.executable)):
-        probe = subprocess.run([str(candidate), "-c", "import fixpack.sources, libcst"], capture_output=True)
+        probe = subprocess.run([str(candidate), "-c", "import fixpack.sources.sources, libcst"], capture_output=True)
         if probe.returncode == 0:
             return candidate
     raise RuntimeError(f"no interpreter with fixpack installed (looked for {REPO / '.venv'}): run scripts/setup.sh")
@@ -47,7 +47,7 @@ def companion_vllm(version: str, python: str | None = None) -> Path:
         [
             python or str(fixpack_python()),
             "-c",
-            f"from fixpack import sources; print(sources.wheel_tree('vllm', {version!r}, 'vllm'))",
+            f"from fixpack.sources import sources; print(sources.wheel_tree('vllm', {version!r}, 'vllm'))",
         ],
         cwd=REPO,
         capture_output=True,

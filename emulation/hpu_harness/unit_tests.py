@@ -113,7 +113,7 @@ def profile_info(profile: str, pack: Path = REPO) -> dict:
 
 
 def cache_dir() -> Path:
-    # as fixpack.sources.cache_dir
+    # as fixpack.sources.sources.cache_dir
     if os.environ.get("FIXPACK_CACHE"):
         return Path(os.environ["FIXPACK_CACHE"])
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

@@ -11,7 +11,6 @@ prefill, and two short requests arriving in the middle of it."""
 import hashlib
 import importlib.util
 import json
-import os
 import sys
 
 import pytest
@@ -197,8 +196,8 @@ def load_pristine_scheduler_module():
     """vLLM's scheduler.py from the release sources in fixpack's cache, checked against the
     profile's manifest, loaded under its own name: the release's behaviour beside the
     tree's."""
-    from fixpack import sources
-    from fixpack.pack import default_pack_root
+    from fixpack.pack.pack import default_pack_root
+    from fixpack.sources import sources
 
     manifest = json.loads((default_pack_root() / "profiles" / "v0.30.0.manifest.json").read_text())
     rel = "v1/core/sched/scheduler.py"

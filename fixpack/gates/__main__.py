@@ -15,7 +15,7 @@ def port_gates(pack: Path, port: str):
     """The gate module ``ports/<port>/port.yaml`` declares."""
     import yaml
 
-    from fixpack.ports import import_module_from
+    from fixpack.pack.ports import import_module_from
 
     path = pack / "ports" / port / "port.yaml"
     data = yaml.safe_load(path.read_text()) if path.is_file() else None

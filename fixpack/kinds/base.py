@@ -25,13 +25,13 @@ class Applied:
 
 
 # a fix on another release's tree: (class, new file contents, notes, refreshed change); the
-# classes are those of fixpack.rebase ("exact", "offset", "conflict", "nomatch", "upstream")
+# classes are those of fixpack.proofs.rebase ("exact", "offset", "conflict", "nomatch", "upstream")
 Rebased = tuple[str, dict[str, bytes], list[str], str]
 
 
 class KindModule(Protocol):
     """The operations of a kind, one module each (``fixpack.kinds.<name>``); ``fix`` is a
-    fixpack.pack.Fix of that kind, ``tree`` a release's tree holding its targets."""
+    fixpack.pack.pack.Fix of that kind, ``tree`` a release's tree holding its targets."""
 
     def apply(
         self, fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, known: dict | None = None

@@ -12,7 +12,7 @@ CHANGE_FILE = DIFF.change_file
 
 def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, known: dict | None = None) -> Applied:
     """``known`` is unused: a diff's hunks carry their own place."""
-    from fixpack.diffpatch import FilePatch, apply_file_patch, parse_diff
+    from fixpack.kinds.diffpatch import FilePatch, apply_file_patch, parse_diff
 
     patch_file = fix_dir / CHANGE_FILE
     patches = parse_diff(patch_file.read_bytes(), where=str(patch_file))
@@ -31,7 +31,7 @@ def apply(fix_dir: Path, sources: dict[str, bytes], drop: int | None = None, kno
 def rebase(fix, tree: Path) -> Rebased:
     """Each hunk where its lines are (exact), moved (offset: the diff re-made against the new
     release's bytes), no longer found (conflict) or already there (upstream)."""
-    from fixpack.diffpatch import parse_diff, rebase_file_patch, unified
+    from fixpack.kinds.diffpatch import parse_diff, rebase_file_patch, unified
 
     changes: dict[str, bytes] = {}
     notes: list[str] = []
@@ -56,7 +56,7 @@ def rebase(fix, tree: Path) -> Rebased:
 
 def added_lines(fix, tree: Path) -> dict[str, list[str]]:
     """The diff's significant '+' lines that its hunk does not also remove."""
-    from fixpack.diffpatch import parse_diff
+    from fixpack.kinds.diffpatch import parse_diff
 
     out: dict[str, list[str]] = {}
     for fp in parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file)):
@@ -70,8 +70,8 @@ def added_lines(fix, tree: Path) -> dict[str, list[str]]:
 
 
 def validate(fix) -> None:
-    from fixpack.diffpatch import parse_diff
     from fixpack.errors import ConfigError
+    from fixpack.kinds.diffpatch import parse_diff
 
     patches = parse_diff(fix.change_file.read_bytes(), where=str(fix.change_file))
     declared = set(fix.target_rels)

@@ -47,7 +47,7 @@ class Edit:
 
 def load(fix_dir: Path) -> list[Edit]:
     """The edits of ``fix_dir/edits.yaml``, checked: a list of mappings with exactly KEYS."""
-    from fixpack import schema
+    from fixpack.pack import schema
 
     path = fix_dir / CHANGE_FILE
     data = schema.load_yaml(path)

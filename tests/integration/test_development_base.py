@@ -124,7 +124,7 @@ def test_the_v030_profile_gets_release_pins_from_a_stand_in_clone(tmp_path):
     # a cache of its own (the real one keeps its mirror), sharing the downloaded vLLM wheel tree
     cache = tmp_path / "cache"
     (cache / "trees").mkdir(parents=True)
-    from fixpack import sources
+    from fixpack.sources import sources
 
     real = sources.cache_dir() / "trees" / "wheel-vllm-0.30.0"
     (cache / "trees" / "wheel-vllm-0.30.0").symlink_to(real, target_is_directory=True)

@@ -94,7 +94,7 @@ def test_fast_path_imports_neither_libcst_nor_gitpython_nor_the_engine(pack):
         f"    runpy.run_path({str(REPO / 'apply_all.py')!r}, run_name='__main__')\n"
         "except SystemExit as e:\n"
         "    assert e.code == 0, e.code\n"
-        "bad = [m for m in ('libcst', 'git', 'yaml', 'unidiff', 'fixpack.engine', 'subprocess') if m in sys.modules]\n"
+        "bad = [m for m in ('libcst', 'git', 'yaml', 'unidiff', 'fixpack.apply.engine', 'subprocess') if m in sys.modules]\n"
         "print('LOADED', bad)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -258,8 +258,8 @@ def test_refuses_to_run_in_a_process_that_imported_a_target(pack, monkeypatch):
     import sys
     import types
 
+    from fixpack.apply.targets import refuse_if_imported
     from fixpack.errors import ConfigError
-    from fixpack.targets import refuse_if_imported
 
     monkeypatch.setitem(sys.modules, "pkg_a", types.ModuleType("pkg_a"))
     try:

@@ -1,12 +1,12 @@
-"""fixpack.diffpatch in process: parsing and vetting a diff, exact application, the rebase
+"""fixpack.kinds.diffpatch in process: parsing and vetting a diff, exact application, the rebase
 classifier, and fresh diffs that round-trip."""
 
 from __future__ import annotations
 
 import pytest
 
-from fixpack.diffpatch import apply_file_patch, parse_diff, rebase_file_patch, unified
 from fixpack.errors import ConfigError, FixFailed
+from fixpack.kinds.diffpatch import apply_file_patch, parse_diff, rebase_file_patch, unified
 
 BASE = b"".join(b"line %d\n" % i for i in range(1, 21))
 

@@ -11,7 +11,7 @@ import tomllib
 
 import fixpack
 from fixpack import errors
-from fixpack.main import main
+from fixpack.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"

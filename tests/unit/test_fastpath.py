@@ -1,4 +1,4 @@
-"""fixpack.fastpath in process: the container-start check says "already applied" only when the
+"""fixpack.apply.fastpath in process: the container-start check says "already applied" only when the
 files, the state record and the fixes are exactly at the pinned end state; any doubt is None."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fixpack import fastpath, locations, targets
-from fixpack.pack import Pack
+from fixpack.apply import fastpath, locations, targets
+from fixpack.pack.pack import Pack
 from testing.builders import fixpack
 
 

@@ -1,5 +1,5 @@
 """fix.yaml `releases:`: one folder per fix, each release's status, its own change file only
-where it differs (fixpack.pack.load_fix / release_view, fixpack.fastpath.fix_hash, lock carry)."""
+where it differs (fixpack.pack.pack.load_fix / release_view, fixpack.apply.fastpath.fix_hash, lock carry)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from fixpack.apply.fastpath import fix_hash, hash_known
 from fixpack.errors import ConfigError
-from fixpack.fastpath import fix_hash, hash_known
-from fixpack.lockfile import carry_earlier
-from fixpack.pack import Pack, load_fix
+from fixpack.pack.lockfile import carry_earlier
+from fixpack.pack.pack import Pack, load_fix
 
 DIFF = "--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 DIFF_NEW = "--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -2 +2 @@\n-a = 1\n+a = 2\n"
@@ -188,7 +188,7 @@ def test_the_lock_keeps_an_earlier_hash_only_while_the_fix_pins_the_same_files()
 def test_rebase_writes_the_new_release_entry_into_fix_yaml_in_place(tmp_path):
     """`fixpack rebase-report --release NAME`: exact -> applies, offset -> refreshed with its
     own re-made diff, upstream -> the evidence; the rest of fix.yaml is kept byte for byte."""
-    from fixpack.rebase import release_entry, write_release_entry
+    from fixpack.proofs.rebase import release_entry, write_release_entry
 
     d = write(tmp_path, "  r1: {status: applies}\n")
     (d / "fix.yaml").write_text((d / "fix.yaml").read_text().replace("releases:", "# kept comment\nreleases:"))
@@ -216,7 +216,7 @@ def test_rebase_writes_the_new_release_entry_into_fix_yaml_in_place(tmp_path):
 
 
 def test_a_written_entry_that_does_not_validate_leaves_nothing_written(tmp_path):
-    from fixpack.rebase import write_release_entry
+    from fixpack.proofs.rebase import write_release_entry
 
     d = write(tmp_path, "  r1: {status: applies}\n")
     before = (d / "fix.yaml").read_bytes()

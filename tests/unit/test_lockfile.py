@@ -1,4 +1,4 @@
-"""fixpack.lockfile in process: loading the lock, selections, the pinned states of a file."""
+"""fixpack.pack.lockfile in process: loading the lock, selections, the pinned states of a file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fixpack.errors import ConfigError
-from fixpack.lockfile import LOCK_FORMAT, Lock, selection_key
+from fixpack.pack.lockfile import LOCK_FORMAT, Lock, selection_key
 
 P0, P1, P2, P3 = ("0" * 64, "1" * 64, "2" * 64, "3" * 64)
 DATA = {

@@ -1,11 +1,11 @@
-"""fixpack.schema in process: the strict YAML loader and the declared schemas."""
+"""fixpack.pack.schema in process: the strict YAML loader and the declared schemas."""
 
 from __future__ import annotations
 
 import pytest
 
 from fixpack.errors import ConfigError
-from fixpack.schema import FIX_SCHEMA, check_mapping, check_slug, load_yaml
+from fixpack.pack.schema import FIX_SCHEMA, check_mapping, check_slug, load_yaml
 
 
 def test_load_yaml_refuses_a_duplicate_key_at_any_depth_naming_both_lines(tmp_path):

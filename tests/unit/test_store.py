@@ -1,4 +1,4 @@
-"""fixpack.store in process: content-addressed backups, atomic writes, the state record and
+"""fixpack.apply.store in process: content-addressed backups, atomic writes, the state record and
 journal checks, the run lock."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from fixpack.apply.state import Journal, StateRecord, Unreadable
+from fixpack.apply.store import Store, atomic_write, drop_bytecode, fs_error
 from fixpack.errors import Drift, Locked
-from fixpack.state import Journal, StateRecord, Unreadable
-from fixpack.store import Store, atomic_write, drop_bytecode, fs_error
 
 H = "ab" * 32  # a well-formed sha256
 

@@ -1,4 +1,4 @@
-"""fixpack.switches: the one parser of every port's port.yaml switches (the ports' own tests in
+"""fixpack.pack.switches: the one parser of every port's port.yaml switches (the ports' own tests in
 ports/*/tests check their declarations through it)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fixpack import switches as sw
+from fixpack.pack import switches as sw
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -186,8 +186,9 @@ def test_find_port_yaml_beside_the_package_inside_it_or_under_cookbook(tmp_path,
 def test_the_parser_imports_without_yaml_or_the_rest_of_fixpack():
     """A port's plugin imports it in every vLLM process."""
     code = (
-        "import sys, fixpack.switches; "
+        "import sys, fixpack.pack.switches; "
         "print(sorted(m for m in sys.modules if m.startswith(('fixpack.', 'yaml', 'libcst', 'git', 'torch'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
-    assert out.strip() == "['fixpack.switches']"
+    # fixpack.pack is the package's __init__, which imports nothing
+    assert out.strip() == "['fixpack.pack', 'fixpack.pack.switches']"

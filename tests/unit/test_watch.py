@@ -1,4 +1,4 @@
-"""fixpack.watch: the snapshot the driver compares each fix's process with.
+"""fixpack.sandbox.watch: the snapshot the driver compares each fix's process with.
 
 `driver_wrote` updates the snapshot for the driver's own commits from an index of the folders
 (not a pass over every entry); after any number of commits it must hold exactly what a fresh
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fixpack.store import atomic_write
-from fixpack.watch import TreeWatch, scan
+from fixpack.apply.store import atomic_write
+from fixpack.sandbox.watch import TreeWatch, scan
 
 
 def tree(tmp_path: Path) -> tuple[Path, Path, Path]:

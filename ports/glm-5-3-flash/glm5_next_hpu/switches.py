@@ -1,10 +1,10 @@
 """The GLM5_NEXT_* switches of the glm-5-3-flash port: declared in port.yaml ``switches``,
-parsed by fixpack's one switch parser (fixpack/switches.py, which documents the declaration).
+parsed by fixpack's one switch parser (fixpack/pack/switches.py, which documents the declaration).
 
 This module only names the port's port.yaml and the typed record the model reads
 (:class:`Switches`, one field per switch); :func:`read_switches` parses the environment into it
 at model construction, and a value a switch does not accept stops the engine with a message
-naming the variable. fixpack.switches is standard library only, so this imports without torch
+naming the variable. fixpack.pack.switches is standard library only, so this imports without torch
 or vLLM; fixpack is installed wherever the plugin runs (the port image's Dockerfile, the
 project's venvs).
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fixpack.switches import (  # noqa: F401  (re-exported: the port's tests and tools use these names)
+from fixpack.pack.switches import (  # noqa: F401  (re-exported: the port's tests and tools use these names)
     Spec,
     Switch,
     SwitchError,
@@ -24,7 +24,7 @@ from fixpack.switches import (  # noqa: F401  (re-exported: the port's tests and
     read_into,
     recipe_value_problem,
 )
-from fixpack.switches import load_spec as _load_spec
+from fixpack.pack.switches import load_spec as _load_spec
 
 PORT = "glm-5-3-flash"
 PREFIX = "GLM5_NEXT_"
@@ -47,7 +47,7 @@ def field_name(name: str) -> str:
 
 
 def port_yaml() -> Path:
-    """This port's port.yaml (fixpack.switches.find_port_yaml: the checkout, the installed
+    """This port's port.yaml (fixpack.pack.switches.find_port_yaml: the checkout, the installed
     package, or ``$COOKBOOK``)."""
     return find_port_yaml(__file__, PORT)
 

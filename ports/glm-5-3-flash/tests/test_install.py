@@ -61,7 +61,7 @@ def replace_file(path: Path, data: bytes) -> None:
 def lock_pins_port(pack: Path) -> bool:
     """The lock pins this port's selection with the port's current fix files."""
     try:  # the repository root is on sys.path through `pythonpath` in its pyproject.toml
-        from fixpack.pack import Pack
+        from fixpack.pack.pack import Pack
 
         p = Pack(pack)
         port = p.port(PORT)

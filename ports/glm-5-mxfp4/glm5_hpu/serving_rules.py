@@ -3,7 +3,7 @@
 Three places use this module (standard library only, so it loads without torch or vLLM):
 
 * ``fixpack recipe check`` loads this file from the port folder and calls
-  :func:`recipe_problems` on the recipe (fixpack/recipe.py, ``port_rule_records``);
+  :func:`recipe_problems` on the recipe (fixpack/pack/recipe.py, ``port_rule_records``);
 * the model, at load time, calls :func:`check_expert_parallel` and :func:`check_checkpoint`;
 * a person, before serving, runs ``python -m glm5_hpu.serving_rules checkpoint DIR [--source SRC]``
   (exit 0 accepted, 2 refused, the message names the file and the item).

@@ -1,10 +1,10 @@
 """The GLM_* switches of the glm-5-mxfp4 port: declared in port.yaml ``switches``, parsed by
-fixpack's one switch parser (fixpack/switches.py, which documents the declaration).
+fixpack's one switch parser (fixpack/pack/switches.py, which documents the declaration).
 
 This module only names the port's port.yaml and the typed record the model reads
 (:class:`Switches`, one field per switch): the model reads the environment with
 :func:`read_switches`, the CPU reference tests run :func:`reference_switches`. A value a switch
-does not accept raises SwitchError naming the variable and the value. fixpack.switches is
+does not accept raises SwitchError naming the variable and the value. fixpack.pack.switches is
 standard library only, so this imports without torch or vLLM; fixpack is installed wherever the
 plugin runs (the port image's Dockerfile, the project's venvs).
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fixpack.switches import (  # noqa: F401  (re-exported: the port's code and tests use these names)
+from fixpack.pack.switches import (  # noqa: F401  (re-exported: the port's code and tests use these names)
     Spec,
     Switch,
     SwitchError,
@@ -25,8 +25,8 @@ from fixpack.switches import (  # noqa: F401  (re-exported: the port's code and 
     recipe_value_problem,
     reference_into,
 )
-from fixpack.switches import load_spec as _load_spec
-from fixpack.switches import resolve_auto as _resolve_auto
+from fixpack.pack.switches import load_spec as _load_spec
+from fixpack.pack.switches import resolve_auto as _resolve_auto
 
 PORT = "glm-5-mxfp4"
 PREFIX = "GLM_"

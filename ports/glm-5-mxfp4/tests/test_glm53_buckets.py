@@ -24,7 +24,7 @@ RECIPE = REPO / buckets.RECIPE
 @pytest.fixture(scope="module")
 def tree() -> Path:
     from fixpack.errors import SourceUnavailable
-    from fixpack.sources import git_tree
+    from fixpack.sources.sources import git_tree
 
     try:
         # no URL: never fetch, only the cache's clone (tests run offline)
@@ -56,7 +56,7 @@ def rows(values) -> set[tuple[int, int, int]]:
 
 
 def test_geometry_is_the_recipes():
-    from fixpack.recipe import load_recipe
+    from fixpack.pack.recipe import load_recipe
 
     recipe = load_recipe(RECIPE)
     args = dict(recipe.args())

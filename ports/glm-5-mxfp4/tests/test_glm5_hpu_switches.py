@@ -188,8 +188,8 @@ def test_recipe_values_are_checked_and_written_one_way(name, value, problem):
 
 
 def test_fixpack_recipe_check_reads_this_ports_switches_with_this_parser():
-    from fixpack.pack import Pack
-    from fixpack.recipe import switch_problem
+    from fixpack.pack.pack import Pack
+    from fixpack.pack.recipe import switch_problem
 
     port = Pack(REPO).port("glm-5-mxfp4")
     for name, value in SEED.items():

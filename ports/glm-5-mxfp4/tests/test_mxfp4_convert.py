@@ -283,8 +283,8 @@ def test_logits_through_transformers(src, converted, tmp_path):
 
 
 def test_keys_shapes_dtypes_are_what_vllm_030_creates(converted):
-    from fixpack import sources
     from fixpack.errors import SourceUnavailable
+    from fixpack.sources import sources
 
     try:
         tree_root = sources.wheel_tree("vllm", "0.30.0", "vllm")

@@ -229,8 +229,8 @@ def test_edges_against_vllm_030_triton_quantizer_in_the_interpreter():
     import sys
     from pathlib import Path
 
-    from fixpack import sources
     from fixpack.errors import SourceUnavailable
+    from fixpack.sources import sources
 
     pytest.importorskip("triton", reason="vLLM's quantizer is a Triton kernel")
     try:

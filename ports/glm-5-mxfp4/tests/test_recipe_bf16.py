@@ -89,8 +89,8 @@ def test_show_renders_the_pages_block():
 
 
 def _check(data: dict | None = None) -> dict[str, dict]:
-    from fixpack.pack import Pack
-    from fixpack.recipe import Recipe, check_recipe, load_recipe
+    from fixpack.pack.pack import Pack
+    from fixpack.pack.recipe import Recipe, check_recipe, load_recipe
 
     recipe = load_recipe(RECIPE)
     if data is not None:
@@ -138,7 +138,7 @@ def test_check_says_why_the_placement_file_is_missing(capsys):
     """Still an error (the launch names the file), with what it is, why it cannot be made here and
     the command that makes it (which its own parser accepts, writing the file the recipe names);
     the bucket file's note names the command that makes it."""
-    from fixpack.main import main
+    from fixpack.cli.main import main
     from glm5_hpu import placement_fit
 
     rel = "ports/glm-5-mxfp4/serving/glm53-ep4-placement.json"
@@ -237,7 +237,7 @@ def test_check_refuses_what_the_page_says_not_to_do_and_bad_switches(change, rul
 
 
 def test_check_command_exits_2_naming_the_rule(capsys, tmp_path):
-    from fixpack.main import main
+    from fixpack.cli.main import main
 
     recipe = write_recipe(tmp_path / "recipe.yaml", _edited(_drop_flag("--enable-expert-parallel")))
     assert main(["recipe", "check", "--recipe", str(recipe), "--pack", str(REPO)]) == 2
@@ -245,7 +245,7 @@ def test_check_command_exits_2_naming_the_rule(capsys, tmp_path):
 
 
 def test_serve_model_must_name_an_exported_variable(tmp_path, capsys):
-    from fixpack.main import main
+    from fixpack.cli.main import main
 
     recipe = write_recipe(tmp_path / "recipe.yaml", _edited(lambda d: d["serve"].__setitem__("model", "$MISSING")))
     assert main(["recipe", "show", "--recipe", str(recipe), "--pack", str(REPO)]) == 2

@@ -27,7 +27,7 @@ DEV_BASE = "091bbadda10bee4fd3f6d0efc1844d2610dd2707"
 @pytest.fixture(scope="module")
 def gaudi():
     try:
-        from fixpack.sources import git_tree
+        from fixpack.sources.sources import git_tree
 
         tree = Path(git_tree("vllm-gaudi", DEV_BASE, "vllm_gaudi"))
     except Exception as exc:  # no source cache here

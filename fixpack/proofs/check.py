@@ -1,0 +1,458 @@
+"""The release check: prove every fix against the pristine release sources.
+
+For each fix, in pack order, on a scratch tree of the release: it applies and gives its
+pinned hashes; its output compiles (and a codemod is a fixed point of itself). Then, part by
+part (fixpack/proofs/proof.py):
+  red/green     each of its tests fails on the tree before it (an assertion, or the exception
+                the test declares with @pytest.mark.red_raises) and passes after it; a test
+                that passes before must be declared in fix.yaml `regression_guards`;
+  requirements  applied with only its declared `requires` to the pristine tree, its tests pass;
+  parts         with any one hunk / edit left out, at least one of its tests is red.
+Then a second run is a no-op, and `revert --all` gives back the pristine bytes. A fix whose
+defect needs a Gaudi card is reported as NOT-CPU (its CPU tests held to the same rules),
+never as proven.
+The command is fixpack/cli/commands/check.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fixpack.errors import SourceUnavailable
+
+if TYPE_CHECKING:
+    from fixpack.apply.state import Step
+    from fixpack.pack.pack import Fix
+
+
+@dataclass
+class CheckReport:
+    """What `check_release` found: one record per fix (and the re-run and revert rows)."""
+
+    profile: str
+    port: str | None
+    results: list[dict] = field(default_factory=list)
+    skipped_sources: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    machine: dict = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.results:
+            counts[r["result"]] = counts.get(r["result"], 0) + 1
+        return counts
+
+    @property
+    def totals(self) -> dict:
+        return _totals(self.results)
+
+
+def _pool(jobs: int, fn, items):
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        return list(ex.map(fn, items))
+
+
+def check_release(
+    pack,
+    profile,
+    port=None,
+    *,
+    only: list[str] | None = None,
+    workers: int = 2,
+    test_timeout: float = 900.0,
+    parts: bool = True,
+    requires: bool = True,
+    quiet: bool = False,
+    brief: bool = False,
+) -> CheckReport:
+    """Prove every fix of ``profile`` (or only ``port``'s patches) on a scratch tree of the
+    pristine release, ``workers`` test runs at a time; with ``quiet`` nothing is printed,
+    otherwise one status line per fix."""
+    from fixpack.apply.engine import Engine
+    from fixpack.apply.store import Store
+    from fixpack.cli.output import Lines
+    from fixpack.pack.lockfile import Lock
+    from fixpack.proofs import proof
+    from fixpack.sources import release, sources
+
+    lock = Lock.load(profile.lock_path)
+    manifest = json.loads(profile.manifest_path.read_text())["files"]
+    t_start = time.perf_counter()
+    load_start = round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None
+    phase_secs: dict[str, float] = {}
+    results: list[dict] = []
+    skipped_packages: dict[str, str] = {}
+    with release.scratch("fixpack-check-") as work:
+        tree = work / "tree"
+        tree.mkdir()
+        for package, spec in profile.base["sources"].items():
+            try:
+                sources.materialise({package: spec}, tree)
+            except SourceUnavailable as exc:
+                skipped_packages[package] = str(exc)
+                print(f"\n!!! RELEASE CHECK SKIPPED for {package} fixes: {exc}\n", flush=True)
+        found = {p: tree / p for p in profile.packages if (tree / p).is_dir()}
+        store = Store(tree / ".fixpack")
+        engine = Engine(pack, profile, port, profile.opt_ins, found, store, lock, report=Lines(quiet=True), check_idempotent=True)
+        # the lock was passed in, so the engine holds its selection (or has raised)
+        assert engine.pinned is not None
+        pins = {s.fix: s.files for s in engine.pinned}
+        pristine = proof.snapshot(tree, work / "pristine")
+        # Build the chain once, snapshotting the tree before and after each fix.
+        t0 = time.perf_counter()
+        steps: list[Step] = []
+        jobs: list[dict[str, Any]] = []
+        chain: list[Fix] = []
+        for i, fix in enumerate(engine.fixes):
+            if port and fix.layer == "profile":
+                break  # a port's check proves its own patches; the profile is checked on its own
+            missing = sorted({t.package for t in fix.targets} - set(found))
+            if missing:
+                results.append({"fix": fix.id, "result": "skipped", "detail": f"{', '.join(missing)} sources unavailable"})
+                continue
+            before = proof.snapshot(tree, work / f"s{i}-before")
+            t1 = time.perf_counter()
+            try:
+                steps = engine.apply_one(fix, steps, pins[fix.id])
+            except Exception as exc:  # a failure of one fix is reported, the rest still checked
+                results.append({"fix": fix.id, "result": "FAILED", "detail": f"apply: {exc}"})
+                break
+            bad = []
+            for rel in fix.target_rels:
+                if rel.endswith(".py"):
+                    try:
+                        compile((tree / rel).read_bytes(), rel, "exec", dont_inherit=True)
+                    except SyntaxError as exc:
+                        bad.append(f"{rel}: {exc.msg}")
+            after = proof.snapshot(tree, work / f"s{i}-after")
+            jobs.append({"fix": fix, "before": before, "after": after, "t_apply": time.perf_counter() - t1, "bad": bad, "prior": list(chain)})
+            chain.append(fix)
+        phase_secs["chain"] = time.perf_counter() - t0
+        by_id = {f.id: f for f in chain}
+        labels = _test_bases(profile, jobs, pristine, work)
+        if not quiet:
+            for label in labels:
+                print(f"tested on {label}")
+        if only is not None:
+            unknown = sorted(set(only) - {j["fix"].id for j in jobs})
+            if unknown:
+                print(f"!!! --only names fixes not in this chain: {', '.join(unknown)}")
+            jobs = [j for j in jobs if j["fix"].id in only]
+
+        # 1. red/green, per test
+        t0 = time.perf_counter()
+        runs = _pool(workers, lambda a: proof.run_tests(a[0]["fix"], a[0][a[1]], test_timeout), [(j, w) for j in jobs for w in ("before", "after")])
+        for k, j in enumerate(jobs):
+            j["runs"] = (runs[2 * k], runs[2 * k + 1])
+            j["rg"] = proof.red_green(j["fix"], *j["runs"])
+        phase_secs["red_green"] = time.perf_counter() - t0
+
+        # 2. requirements: only the declared requires under it, on the pristine tree
+        t0 = time.perf_counter()
+        if requires:
+            _pool(workers, lambda j: _prove_requires(j, by_id, chain, j.get("pristine", pristine), work, test_timeout), jobs)
+        phase_secs["requires"] = time.perf_counter() - t0
+
+        # 3. every part needed
+        t0 = time.perf_counter()
+        if parts:
+            part_jobs = []
+            for j in jobs:
+                part_jobs += _part_jobs(j, work)
+            outs = _pool(workers, lambda pj: _prove_part(pj, test_timeout), part_jobs)
+            for pj, out in zip(part_jobs, outs, strict=True):
+                pj["job"].setdefault("parts", []).append(out)
+        phase_secs["parts"] = time.perf_counter() - t0
+
+        proof.close_servers()
+        for j in jobs:
+            rec = _verdict(j)
+            results.append(rec)
+            if not quiet:
+                _print_fix(rec, brief=brief)
+
+        # Re-run: nothing to do. Revert: pristine bytes.
+        if not any(r["result"] == "FAILED" for r in results) and steps:
+            rerun_noop = engine.fast_path_done() if len(steps) == len(engine.fixes) else None
+            from fixpack.apply.engine import revert
+            from fixpack.apply.hashing import sha256_file
+
+            revert(engine, None)
+            drift = []
+            for s in steps:
+                for rel in s.files:
+                    pkg, sub = rel.split("/", 1)
+                    if sha256_file(tree / rel) != manifest[pkg][sub]:
+                        drift.append(rel)
+            results.append({"fix": "(re-run)", "result": "ok" if rerun_noop in (True, None) else "FAILED", "detail": "second apply is a no-op" if rerun_noop else "n/a (partial chain)"})
+            results.append({"fix": "(revert --all)", "result": "ok" if not drift else "FAILED", "detail": "pristine bytes restored" if not drift else f"not pristine: {drift}"})
+            if not quiet:
+                for r in results[-2:]:
+                    print(f"{r['fix']}{'.' * max(3, 40 - len(r['fix']))}{r['result']:<9}        {r['detail']}")
+
+    return CheckReport(
+        profile=profile.name,
+        port=port.name if port else None,
+        results=results,
+        skipped_sources=skipped_packages,
+        seconds=round(time.perf_counter() - t_start, 1),
+        phase_seconds={k: round(v, 1) for k, v in phase_secs.items()},
+        machine=_machine(load_start),
+    )
+
+
+def _test_bases(profile, jobs, pristine, work) -> list[str]:
+    """Which base each fix's tests run on. A fix of a package pinned on its development base is
+    tested beside the releases that base imports with (vllm-gaudi main beside vLLM 0.27.0): its
+    before/after trees, and the pristine tree its requirement proof starts from, get those."""
+    import shutil
+
+    from fixpack.proofs import proof
+    from fixpack.sources import sources
+
+    labels: dict[str, str] = {}
+    for j in jobs:
+        packages = sorted({t.package for t in j["fix"].targets})
+        if len(packages) != 1:
+            # a fix of several packages is tested on the chain's tree, each package on its resolved base
+            resolved = sources.resolve(profile.base["sources"], packages)
+            j["base"] = "; ".join(f"{p}: {r['base']} base {r['spec'].get('branch') or r['spec'].get('version') or ''} {str(r['spec'].get('commit') or '')[:9]}" for p, r in resolved.items())
+            continue
+        specs, label = sources.test_sources(profile.base["sources"], packages[0])
+        labels[packages[0]] = label
+        j["base"] = label
+        companions = {p: s for p, s in specs.items() if p != packages[0] and s != sources.resolve(profile.base["sources"], [p])[p]["spec"]}
+        if not companions:
+            continue
+        own = work / f"pristine-{j['fix'].id}"
+        proof.snapshot(pristine, own)
+        for tree in (j["before"], j["after"], own):
+            for other, spec in companions.items():
+                shutil.rmtree(tree / other)  # hard links: the cache and the chain's tree keep their files
+                sources.materialise({other: spec}, tree)
+        j["pristine"] = own
+    return [labels[p] for p in sorted(labels)]
+
+
+def _prove_requires(job, by_id, chain, pristine, work, timeout) -> None:
+    from fixpack.proofs import proof
+
+    fix = job["fix"]
+    try:
+        need = proof.requires_closure(fix, by_id)
+    except Exception as exc:
+        job["requires"] = {"declared": fix.requires, "result": "FAILED", "detail": str(exc)}
+        return
+    later = [f.id for f in chain[chain.index(fix) + 1 :]] if fix in chain else []
+    for c in fix.meta.get("completed_by") or []:
+        # A later fix this one is incomplete without: it must be in the selection, after it,
+        # and require it, so that its tests run with both.
+        where = f"{fix.dir / 'fix.yaml'}: completed_by {c!r}"
+        bad = (f"{where} is not in this selection" if c not in by_id else f"{where} does not come after it in the pack order" if c not in later
+               else f"{where} does not require {fix.id}, so no test of it runs with both" if fix.id not in proof.requires_closure(by_id[c], by_id) else "")
+        if bad:
+            job["requires"] = {"declared": fix.requires, "result": "FAILED", "detail": bad}
+            return
+    prior = {f.id for f in job["prior"]}
+    if prior <= need:
+        job["requires"] = {"declared": fix.requires, "result": "verified", "detail": "the chain before it is its requires: its green run is this proof"}
+        return
+
+    def attempt(ids: set[str], tag: str):
+        fixes = [f for f in chain if f.id in ids or f.id == fix.id]
+        dest = work / f"req-{fix.id}-{tag}"
+        try:
+            proof.build_tree(pristine, dest, fixes)
+        except Exception as exc:
+            return False, f"does not apply: {exc}"
+        run = proof.run_tests(fix, dest, timeout)
+        failing = [(n, proof.green_of(r)[1]) for n, r in run.tests.items() if not proof.green_of(r)[0]]
+        if not run.reported or failing or run.collect_errors:
+            why = failing[0][1] if failing else (run.collect_errors[0]["cause"] if run.collect_errors else run.summary)
+            return False, f"{len(failing) or 'its'} test(s) fail: {why}"
+        return True, f"{len(run.tests)} tests pass"
+
+    ok, detail = attempt(need, "declared")
+    declared = ", ".join(sorted(need)) or "none"
+    if ok:
+        job["requires"] = {"declared": fix.requires, "result": "verified", "detail": f"with only [{declared}]: {detail}"}
+        return
+    # Name the earlier fix it needs: the nearest one first.
+    for cand in reversed(job["prior"]):
+        if cand.id in need:
+            continue
+        more = need | {cand.id} | proof.requires_closure(cand, by_id)
+        ok2, _ = attempt(more, cand.id)
+        if ok2:
+            job["requires"] = {"declared": fix.requires, "result": "FAILED", "needs": cand.id, "detail": f"with only [{declared}]: {detail}; passes once {cand.id} is under it: declare requires: [{cand.id}]"}
+            return
+    job["requires"] = {"declared": fix.requires, "result": "FAILED", "detail": f"with only [{declared}]: {detail}; no single earlier fix makes it pass"}
+
+
+def _part_jobs(job, work) -> list[dict]:
+    from fixpack.proofs import proof
+
+    fix = job["fix"]
+    before, after = job["before"], job["after"]
+    try:
+        full, parts = proof.apply_change(fix, before)
+    except Exception as exc:
+        job["parts_error"] = f"cannot re-apply the change for the part proof: {exc}"
+        return []
+    # The change applied here must be what the engine wrote, or the proof is of something else.
+    differ = [rel for rel in fix.target_rels if full.get(rel, (before / rel).read_bytes()) != (after / rel).read_bytes()]
+    if differ:
+        job["parts_error"] = f"re-applied change differs from the engine's output in {', '.join(differ)}"
+        return []
+    job["n_parts"] = len(parts)
+    if len(parts) < 2:
+        return []
+    out = []
+    for part in parts:
+        out.append({"job": job, "part": part, "full": full})
+    return out
+
+
+def _prove_part(pj, timeout) -> dict:
+    from fixpack.proofs import proof
+
+    job, part, full = pj["job"], pj["part"], pj["full"]
+    fix = job["fix"]
+    dest = job["before"].parent / f"part-{fix.id}-{part.index}"
+    try:
+        changes, _ = proof.apply_change(fix, job["before"], part.index)
+    except Exception as exc:
+        return {"part": part.label, "result": "needed", "cause": f"the other parts do not apply without it: {str(exc)[:160]}"}
+    if all(proof.same_code(changes.get(rel, b""), full[rel]) for rel in full if rel.endswith(".py")) and set(changes) <= set(full):
+        return {"part": part.label, "result": "comment-only", "cause": "changes only comments or blank lines"}
+    proof.snapshot(job["before"], dest)
+    for rel, data in changes.items():
+        proof.replace_file(dest / rel, data)
+    for rel in changes:
+        if rel.endswith(".py"):
+            try:
+                compile(changes[rel], rel, "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                return {"part": part.label, "result": "needed", "cause": f"{rel} does not compile without it ({exc.msg})"}
+    run = proof.run_tests(fix, dest, timeout, stop_at_first_failure=True)
+    import shutil
+
+    shutil.rmtree(dest, ignore_errors=True)
+    for nodeid, rec in run.tests.items():
+        fail = proof._failure(rec)
+        if fail is not None:
+            return {"part": part.label, "result": "needed", "cause": f"without it {nodeid.split('::', 1)[-1]} is red: {fail[1].get('cause', fail[1]['outcome'])}"}
+    if run.collect_errors:
+        return {"part": part.label, "result": "needed", "cause": f"collection fails: {run.collect_errors[0]['cause']}"}
+    if not run.reported:
+        return {"part": part.label, "result": "needed?", "cause": run.summary}
+    declared = {d.get("part"): d.get("why") for d in (fix.meta.get("untested_parts") or [])}
+    if part.label in declared:
+        return {"part": part.label, "result": "untested (declared)", "cause": declared[part.label]}
+    return {"part": part.label, "result": "UNTESTED", "cause": "every test still passes without it: nothing tests it, or it is not needed"}
+
+
+def _verdict(job) -> dict:
+    fix = job["fix"]
+    rg = job["rg"]
+    problems = list(rg["problems"])
+    if job["bad"]:
+        problems.insert(0, "does not compile: " + "; ".join(job["bad"]))
+    req = job.get("requires")
+    if req and req["result"] != "verified":
+        problems.append("requires: " + req["detail"])
+    parts = job.get("parts", [])
+    if job.get("parts_error"):
+        problems.append(job["parts_error"])
+    for p in parts:
+        if p["result"] in ("UNTESTED", "needed?"):
+            problems.append(f"part {p['part']}: {p['cause']}")
+    if parts:
+        labels = {p["part"] for p in parts}
+        for d in fix.meta.get("untested_parts") or []:
+            if d.get("part") not in labels:
+                problems.append(f"{fix.dir / 'fix.yaml'}: untested_parts names {d.get('part')!r}, which is no part of the change")
+    n_parts = job.get("n_parts")
+    secs = job["t_apply"] + sum(r.seconds for r in job["runs"])
+    rec = {
+        "fix": fix.id,
+        "tests": rg["tests"],
+        "red_green": rg["red_green"],
+        "guards": rg["guards"],
+        "parts": parts if parts else ([{"part": "(the whole change)", "result": "needed", "cause": "its only part: its red/green shows it"}] if n_parts == 1 and rg["red_green"] else []),
+        "n_parts": n_parts,
+        "requires": req,
+        "seconds": round(secs, 1),
+        "base": job.get("base"),
+    }
+    if problems:
+        rec.update(result="FAILED", detail="; ".join(problems))
+    elif not fix.cpu_demonstrable:
+        rec.update(result="NOT-CPU", detail=f"not demonstrable on CPU (device gate: {fix.meta['device_gate']['gate']}); its CPU tests hold: {rg['red_green']} red then green, {rg['guards']} guards")
+    else:
+        rec.update(result="proven", detail=f"{rg['red_green']} red then green, {rg['guards']} guards")
+    return rec
+
+
+def _print_fix(rec: dict, brief: bool = False) -> None:
+    name = rec["fix"]
+    parts = rec.get("parts") or []
+    needed = sum(1 for p in parts if p["result"] == "needed")
+    line = f"{name}{'.' * max(3, 40 - len(name))}{rec['result']:<9} {rec.get('seconds', 0):5.1f}s  {len(rec['tests'])} tests: {rec['red_green']} red->green, {rec['guards']} guards"
+    if rec.get("n_parts"):
+        line += f"; parts needed {needed}/{rec['n_parts']}"
+        other = {k: sum(1 for p in parts if p["result"] == k) for k in ("untested (declared)", "comment-only")}
+        line += "".join(f", {v} {k}" for k, v in other.items() if v)
+    if rec.get("requires"):
+        line += f"; requires {rec['requires']['result']}"
+    print(line, flush=True)
+    if brief:
+        if rec["result"] == "FAILED":
+            print(f"    FAILED: {rec['detail']}"[:2000])
+        return
+    for t in rec["tests"]:
+        mark = ("red->green" if t["role"] == "red-green" else "guard") if t["ok"] else "BAD"
+        print(f"    {mark:<10} {t['test']}: {t['cause']}"[:240])
+    for p in parts:
+        if p["result"] != "needed" or len(parts) > 1:
+            print(f"    part {p['result']:<10} {p['part']}: {p['cause']}"[:240])
+    if rec["result"] == "FAILED":
+        print(f"    FAILED: {rec['detail']}"[:2000])
+
+
+def _machine(load_start) -> dict:
+    """What the timings were measured on: they are only comparable with this beside them."""
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load_end = round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cpus": os.cpu_count(), "load_start": load_start, "load_end": load_end}
+
+
+def _totals(results: list[dict]) -> dict:
+    fixes = [r for r in results if "tests" in r]
+    parts = [p for r in fixes for p in r.get("parts") or []]
+    return {
+        "fixes": len(fixes),
+        "tests": sum(len(r["tests"]) for r in fixes),
+        "red_green": sum(r["red_green"] for r in fixes),
+        "guards": sum(r["guards"] for r in fixes),
+        "parts": sum(r.get("n_parts") or 0 for r in fixes),
+        "parts_needed": sum(1 for p in parts if p["result"] == "needed"),
+        "parts_comment_only": sum(1 for p in parts if p["result"] == "comment-only"),
+        "parts_untested": sum(1 for p in parts if p["result"].startswith(("UNTESTED", "untested"))),
+        "requires_verified": sum(1 for r in fixes if (r.get("requires") or {}).get("result") == "verified"),
+    }
