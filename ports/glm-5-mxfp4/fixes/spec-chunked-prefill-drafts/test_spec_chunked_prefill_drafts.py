@@ -52,13 +52,13 @@ def propose(e, batches, sampled):
     for b, (rid, n, logits_rows) in enumerate(batches):
         data.request_ids.append([rid])
         data.prompt_lens.append(n)
-        data.token_ids.append(torch.arange(1, n + 1).view(1, -1))
+        data.token_ids.append(torch.arange(1, n + 1, dtype=torch.int32).view(1, -1))  # as the runner's
         data.position_ids.append(torch.arange(n).view(1, -1))
         data.attn_metadata.append(None)
         data.logits_indices.append(torch.tensor([n - 1] * logits_rows, dtype=torch.int32))
         data.logits_requests.append([rid] * logits_rows)
         hidden.append(torch.full((n, 8), float(b + 1)))  # batch b's hidden states carry b + 1
-    tensors = [torch.tensor([t]) for t in sampled]
+    tensors = [torch.tensor([t], dtype=torch.int32) for t in sampled]  # vLLM's sampler gives int32
     drafts = r.propose_draft_token_ids(
         MagicMock(), [], None, None, None, None, tensors, None, hidden, None, None, 0, data, None
     )
