@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import ast
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from fixpack.errors import FixFailed
+
+# CPython 3.11 keeps ast.parse's object-conversion depth in state shared by threads, and
+# `fixpack check` proves parts in a thread pool: two parses at once can raise "SystemError: AST
+# constructor recursion depth mismatch" (python/cpython gh-106905). Parses take turns.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str | bytes) -> ast.Module:
+    """``ast.parse(source)``, one thread at a time."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
 
 
 class ChangeError(FixFailed):

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fixpack.kinds import EDIT
-from fixpack.kinds.base import Applied, ChangeError, Rebased, added_by_texts, check_declared, rebase_by_apply
+from fixpack.kinds.base import (
+    Applied,
+    ChangeError,
+    Rebased,
+    added_by_texts,
+    check_declared,
+    parse_python,
+    rebase_by_apply,
+)
 
 CHANGE_FILE = EDIT.change_file
 KEYS = {
@@ -85,7 +93,7 @@ def definitions(tree: ast.Module) -> dict[str, list]:
 def parse_definitions(text: str, rel: str) -> dict[str, list]:
     """``definitions`` of the module ``text`` (the file ``rel``); a file that does not parse is a ChangeError."""
     try:
-        return definitions(ast.parse(text))
+        return definitions(parse_python(text))
     except SyntaxError as exc:
         raise ChangeError(f"{rel} does not parse: {exc.msg} at line {exc.lineno}") from exc
 

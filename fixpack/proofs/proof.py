@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack.errors import ConfigError
+from fixpack.kinds.base import parse_python
 from fixpack.testing import RELEASE_ENV
 
 PKG_PARENT = str(Path(__file__).resolve().parents[2])
@@ -298,7 +299,7 @@ def build_tree(base: Path, dest: Path, fixes: list, drop: tuple[str, int] | None
 def same_code(a: bytes, b: bytes) -> bool:
     """Equal but for comments and blank lines (equal syntax trees)."""
     try:
-        return ast.dump(ast.parse(a)) == ast.dump(ast.parse(b))
+        return ast.dump(parse_python(a)) == ast.dump(parse_python(b))
     except SyntaxError:
         return False
 

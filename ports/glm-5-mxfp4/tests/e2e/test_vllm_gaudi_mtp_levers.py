@@ -228,21 +228,19 @@ def test_chunked_prefill_alone_keeps_the_greedy_tokens(tree, ckpt, whole_prompts
     assert result["batched"] == whole_prompts[1]["batched"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="vllm-gaudi 091bbad: drafting with chunked prefill pairs prefill batches with the wrong sampled "
-    "tokens (README, port patches, row 4): drafts go to other requests, some get none, greedy tokens change",
-)
 def test_drafting_with_chunked_prefill_keeps_drafts_and_greedy_tokens(tree, ckpt, whole_prompts, monkeypatch):  # noqa: F811
-    """MTP with the long prompt's first chunk and three complete short prompts in one step: each short
-    prompt's first draft must be the one it gets unchunked, and the greedy tokens must not change.
-    vllm-gaudi's propose_draft_token_ids takes prefill batch idx's sampled token as
+    """MTP with the long prompt's first chunk and three complete short prompts in one step: the
+    runner hands one draft row per request, each short prompt's first draft is the one it gets
+    unchunked, and the greedy tokens do not change. Without the port fix spec-chunked-prefill-drafts
+    (vllm-gaudi 091bbad) propose_draft_token_ids took prefill batch idx's sampled token as
     prefill_sampled_token_ids[idx], a list without an entry for a batch that sampled nothing (a chunk
-    that does not finish its prompt): every later batch drafts from the next batch's token, the last
-    gets no draft, and the scheduler zips the short list of drafts with the requests."""
+    that does not finish its prompt): every later batch drafted from the next batch's token, the
+    last got no draft, and the scheduler zipped the short list of drafts with the requests (2 drafts
+    for 4 requests, greedy tokens of two short prompts changed)."""
     whole_proc, whole = whole_prompts
     proc, result = _serve_chunks(tree, ckpt[1], monkeypatch, mtp=True, engine_args=CHUNKED)
+    takes = [json.loads(line[len("TAKE ") :]) for line in proc.stderr.splitlines() if line.startswith("TAKE ")]
+    assert takes and all(len(req_ids) == len(drafts) for req_ids, drafts in takes), takes
     want, got = _first_drafts(whole_proc), _first_drafts(proc)
     assert {i: got.get(i) for i in (1, 2, 3)} == {i: want[i] for i in (1, 2, 3)}
     assert result["batched"] == whole["batched"]
