@@ -11,6 +11,10 @@ part (fixpack/proofs/proof.py):
 Then a second run is a no-op, and `revert --all` gives back the pristine bytes. A fix whose
 defect needs a Gaudi card is reported as NOT-CPU (its CPU tests held to the same rules),
 never as proven.
+
+Each fix checked is a `FixJob`, filled in phase by phase (the chain, red/green, requirements,
+parts); `_verdict` turns it into its record, a plain dict (`FixRecord`) as `--json` writes it.
+Status lines go through fixpack.cli.output.Lines.
 The command is fixpack/cli/commands/check.py.
 """
 
@@ -18,17 +22,105 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, final
 
 from fixpack.errors import SourceUnavailable
 
 if TYPE_CHECKING:
+    from fixpack.apply.engine import Engine
     from fixpack.apply.state import Step
-    from fixpack.pack.pack import Fix
+    from fixpack.cli.output import Lines
+    from fixpack.pack.pack import Fix, Pack, Port, Profile
+    from fixpack.proofs.proof import Part, RedGreen, TestRun
+
+# The result words of the records: a fix proven, NOT-CPU (its CPU tests hold, the defect needs a
+# card) or FAILED; a row for a fix skipped (its sources could not be had) or failing to apply, and
+# the re-run and revert rows.
+FixResult = Literal["proven", "NOT-CPU", "FAILED"]
+RowResult = Literal["skipped", "FAILED", "ok"]
+PartResult = Literal["needed", "needed?", "comment-only", "untested (declared)", "UNTESTED"]
+RequiresResult = Literal["verified", "FAILED"]
+
+
+class PartRecord(TypedDict):
+    part: str
+    result: PartResult
+    cause: str
+
+
+class RequiresRecord(TypedDict):
+    declared: list[str]
+    result: RequiresResult
+    detail: str
+
+
+class RequiresNeeds(RequiresRecord, total=False):
+    needs: str  # the earlier fix that makes its tests pass, when one does
+
+
+@final
+class RowRecord(TypedDict):
+    """A fix skipped or failing to apply, or the re-run and revert rows."""
+
+    fix: str
+    result: RowResult
+    detail: str
+
+
+@final
+class FixRecord(TypedDict):
+    """A fix that went through the proofs."""
+
+    fix: str
+    tests: list[dict[str, Any]]
+    red_green: int
+    guards: int
+    parts: list[PartRecord]
+    n_parts: int | None
+    requires: RequiresRecord | None
+    seconds: float
+    base: str | None
+    result: FixResult
+    detail: str
+
+
+Record = RowRecord | FixRecord
+
+
+@dataclass
+class FixJob:
+    """One fix through the phases: the chain fills the fields before ``base``, the later phases
+    the rest (None or empty until their phase ran, or when it was not asked for)."""
+
+    fix: Fix
+    before: Path  # the chain's tree before it
+    after: Path  # and after it
+    apply_seconds: float
+    compile_errors: list[str]  # "<file>: <message>" for each output that does not compile
+    prior: list[Fix]  # the fixes under it in the chain
+    pristine: Path  # the tree its requirement proof starts from (_test_bases may give it its own)
+    base: str | None = None  # what its tests run on, said (_test_bases)
+    runs: tuple[TestRun, TestRun] | None = None  # its tests before, after it
+    red_green: RedGreen | None = None
+    requires: RequiresRecord | None = None
+    n_parts: int | None = None
+    parts: list[PartRecord] = field(default_factory=list)
+    parts_error: str | None = None
+
+
+@dataclass
+class PartJob:
+    """One part of a fix to leave out; ``full`` is the whole change's new bytes."""
+
+    job: FixJob
+    part: Part
+    full: dict[str, bytes]
 
 
 @dataclass
@@ -37,7 +129,7 @@ class CheckReport:
 
     profile: str
     port: str | None
-    results: list[dict] = field(default_factory=list)
+    results: list[Record] = field(default_factory=list)
     skipped_sources: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
@@ -55,15 +147,19 @@ class CheckReport:
         return _totals(self.results)
 
 
-def _pool(jobs: int, fn, items):
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _pool(jobs: int, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         return list(ex.map(fn, items))
 
 
 def check_release(
-    pack,
-    profile,
-    port=None,
+    pack: Pack,
+    profile: Profile,
+    port: Port | None = None,
     *,
     only: list[str] | None = None,
     workers: int = 2,
@@ -74,8 +170,8 @@ def check_release(
     brief: bool = False,
 ) -> CheckReport:
     """Prove every fix of ``profile`` (or only ``port``'s patches) on a scratch tree of the
-    pristine release, ``workers`` test runs at a time; with ``quiet`` nothing is printed,
-    otherwise one status line per fix."""
+    pristine release, ``workers`` test runs at a time; with ``quiet`` no status line is printed
+    (warnings go to stderr), otherwise one per fix."""
     from fixpack.apply.engine import Engine
     from fixpack.apply.store import Store
     from fixpack.cli.output import Lines
@@ -83,12 +179,13 @@ def check_release(
     from fixpack.proofs import proof
     from fixpack.sources import release, sources
 
+    lines = Lines(quiet=quiet)
     lock = Lock.load(profile.lock_path)
     manifest = json.loads(profile.manifest_path.read_text())["files"]
     t_start = time.perf_counter()
     load_start = round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None
     phase_secs: dict[str, float] = {}
-    results: list[dict] = []
+    results: list[Record] = []
     skipped_packages: dict[str, str] = {}
     with release.scratch("fixpack-check-") as work:
         tree = work / "tree"
@@ -98,105 +195,59 @@ def check_release(
                 sources.materialise({package: spec}, tree)
             except SourceUnavailable as exc:
                 skipped_packages[package] = str(exc)
-                print(f"\n!!! RELEASE CHECK SKIPPED for {package} fixes: {exc}\n", flush=True)
+                _warn(lines, f"\n!!! RELEASE CHECK SKIPPED for {package} fixes: {exc}\n")
         found = {p: tree / p for p in profile.packages if (tree / p).is_dir()}
         store = Store(tree / ".fixpack")
-        engine = Engine(pack, profile, port, profile.opt_ins, found, store, lock, report=Lines(quiet=True), check_idempotent=True)
-        # the lock was passed in, so the engine holds its selection (or has raised)
-        assert engine.pinned is not None
-        pins = {s.fix: s.files for s in engine.pinned}
+        engine = Engine(
+            pack, profile, port, profile.opt_ins, found, store, lock, report=Lines(quiet=True), check_idempotent=True
+        )
         pristine = proof.snapshot(tree, work / "pristine")
-        # Build the chain once, snapshotting the tree before and after each fix.
+
         t0 = time.perf_counter()
-        steps: list[Step] = []
-        jobs: list[dict[str, Any]] = []
-        chain: list[Fix] = []
-        for i, fix in enumerate(engine.fixes):
-            if port and fix.layer == "profile":
-                break  # a port's check proves its own patches; the profile is checked on its own
-            missing = sorted({t.package for t in fix.targets} - set(found))
-            if missing:
-                results.append({"fix": fix.id, "result": "skipped", "detail": f"{', '.join(missing)} sources unavailable"})
-                continue
-            before = proof.snapshot(tree, work / f"s{i}-before")
-            t1 = time.perf_counter()
-            try:
-                steps = engine.apply_one(fix, steps, pins[fix.id])
-            except Exception as exc:  # a failure of one fix is reported, the rest still checked
-                results.append({"fix": fix.id, "result": "FAILED", "detail": f"apply: {exc}"})
-                break
-            bad = []
-            for rel in fix.target_rels:
-                if rel.endswith(".py"):
-                    try:
-                        compile((tree / rel).read_bytes(), rel, "exec", dont_inherit=True)
-                    except SyntaxError as exc:
-                        bad.append(f"{rel}: {exc.msg}")
-            after = proof.snapshot(tree, work / f"s{i}-after")
-            jobs.append({"fix": fix, "before": before, "after": after, "t_apply": time.perf_counter() - t1, "bad": bad, "prior": list(chain)})
-            chain.append(fix)
+        jobs, chain, steps = _build_chain(engine, port, tree, work, pristine, set(found), results)
         phase_secs["chain"] = time.perf_counter() - t0
         by_id = {f.id: f for f in chain}
-        labels = _test_bases(profile, jobs, pristine, work)
-        if not quiet:
-            for label in labels:
-                print(f"tested on {label}")
+        for label in _test_bases(profile, jobs, pristine, work):
+            lines.say(f"tested on {label}")
         if only is not None:
-            unknown = sorted(set(only) - {j["fix"].id for j in jobs})
+            unknown = sorted(set(only) - {j.fix.id for j in jobs})
             if unknown:
-                print(f"!!! --only names fixes not in this chain: {', '.join(unknown)}")
-            jobs = [j for j in jobs if j["fix"].id in only]
+                _warn(lines, f"!!! --only names fixes not in this chain: {', '.join(unknown)}")
+            jobs = [j for j in jobs if j.fix.id in only]
 
         # 1. red/green, per test
         t0 = time.perf_counter()
-        runs = _pool(workers, lambda a: proof.run_tests(a[0]["fix"], a[0][a[1]], test_timeout), [(j, w) for j in jobs for w in ("before", "after")])
-        for k, j in enumerate(jobs):
-            j["runs"] = (runs[2 * k], runs[2 * k + 1])
-            j["rg"] = proof.red_green(j["fix"], *j["runs"])
+        _prove_red_green(jobs, workers, test_timeout)
         phase_secs["red_green"] = time.perf_counter() - t0
 
         # 2. requirements: only the declared requires under it, on the pristine tree
         t0 = time.perf_counter()
         if requires:
-            _pool(workers, lambda j: _prove_requires(j, by_id, chain, j.get("pristine", pristine), work, test_timeout), jobs)
+            found_reqs = _pool(workers, lambda j: _prove_requires(j, by_id, chain, work, test_timeout), jobs)
+            for j, req in zip(jobs, found_reqs, strict=True):
+                j.requires = req
         phase_secs["requires"] = time.perf_counter() - t0
 
         # 3. every part needed
         t0 = time.perf_counter()
         if parts:
-            part_jobs = []
-            for j in jobs:
-                part_jobs += _part_jobs(j, work)
+            part_jobs = [pj for j in jobs for pj in _part_jobs(j)]
             outs = _pool(workers, lambda pj: _prove_part(pj, test_timeout), part_jobs)
             for pj, out in zip(part_jobs, outs, strict=True):
-                pj["job"].setdefault("parts", []).append(out)
+                pj.job.parts.append(out)
         phase_secs["parts"] = time.perf_counter() - t0
 
         proof.close_servers()
         for j in jobs:
             rec = _verdict(j)
             results.append(rec)
-            if not quiet:
-                _print_fix(rec, brief=brief)
+            _report_fix(lines, rec, brief=brief)
 
         # Re-run: nothing to do. Revert: pristine bytes.
         if not any(r["result"] == "FAILED" for r in results) and steps:
-            rerun_noop = engine.fast_path_done() if len(steps) == len(engine.fixes) else None
-            from fixpack.apply.engine import revert
-            from fixpack.apply.hashing import sha256_file
-
-            revert(engine, None)
-            drift = []
-            for s in steps:
-                for rel in s.files:
-                    pkg, sub = rel.split("/", 1)
-                    if sha256_file(tree / rel) != manifest[pkg][sub]:
-                        drift.append(rel)
-            results.append({"fix": "(re-run)", "result": "ok" if rerun_noop in (True, None) else "FAILED", "detail": "second apply is a no-op" if rerun_noop else "n/a (partial chain)"})
-            results.append({"fix": "(revert --all)", "result": "ok" if not drift else "FAILED", "detail": "pristine bytes restored" if not drift else f"not pristine: {drift}"})
-            if not quiet:
-                for r in results[-2:]:
-                    print(f"{r['fix']}{'.' * max(3, 40 - len(r['fix']))}{r['result']:<9}        {r['detail']}")
+            for row in _rerun_and_revert(engine, steps, tree, manifest):
+                results.append(row)
+                lines.line(row["fix"], row["result"], row["detail"])
 
     return CheckReport(
         profile=profile.name,
@@ -209,7 +260,56 @@ def check_release(
     )
 
 
-def _test_bases(profile, jobs, pristine, work) -> list[str]:
+def _warn(lines: Lines, text: str) -> None:
+    # with --json (quiet) stdout is the report: a warning must not break it, nor be lost
+    if lines.quiet:
+        print(text, file=sys.stderr, flush=True)
+    else:
+        lines.say(text)
+
+
+def _build_chain(
+    engine: Engine, port: Port | None, tree: Path, work: Path, pristine: Path, found: set[str], results: list[Record]
+) -> tuple[list[FixJob], list[Fix], list[Step]]:
+    """Apply the fixes in order on ``tree``, snapshotting it before and after each: a job per
+    fix applied, the chain of them, the engine's steps. A fix skipped, or the one that fails to
+    apply (the last one tried), gets its row in ``results``."""
+    from fixpack.proofs import proof
+
+    # the lock was passed in, so the engine holds its selection (or has raised)
+    assert engine.pinned is not None
+    pins = {s.fix: s.files for s in engine.pinned}
+    steps: list[Step] = []
+    jobs: list[FixJob] = []
+    chain: list[Fix] = []
+    for i, fix in enumerate(engine.fixes):
+        if port and fix.layer == "profile":
+            break  # a port's check proves its own patches; the profile is checked on its own
+        missing = sorted({t.package for t in fix.targets} - found)
+        if missing:
+            results.append({"fix": fix.id, "result": "skipped", "detail": f"{', '.join(missing)} sources unavailable"})
+            continue
+        before = proof.snapshot(tree, work / f"s{i}-before")
+        t1 = time.perf_counter()
+        try:
+            steps = engine.apply_one(fix, steps, pins[fix.id])
+        except Exception as exc:  # a failure of one fix is reported, the rest still checked
+            results.append({"fix": fix.id, "result": "FAILED", "detail": f"apply: {exc}"})
+            break
+        bad = []
+        for rel in fix.target_rels:
+            if rel.endswith(".py"):
+                try:
+                    compile((tree / rel).read_bytes(), rel, "exec", dont_inherit=True)
+                except SyntaxError as exc:
+                    bad.append(f"{rel}: {exc.msg}")
+        after = proof.snapshot(tree, work / f"s{i}-after")
+        jobs.append(FixJob(fix, before, after, time.perf_counter() - t1, bad, list(chain), pristine))
+        chain.append(fix)
+    return jobs, chain, steps
+
+
+def _test_bases(profile: Profile, jobs: list[FixJob], pristine: Path, work: Path) -> list[str]:
     """Which base each fix's tests run on. A fix of a package pinned on its development base is
     tested beside the releases that base imports with (vllm-gaudi main beside vLLM 0.27.0): its
     before/after trees, and the pristine tree its requirement proof starts from, get those."""
@@ -220,57 +320,84 @@ def _test_bases(profile, jobs, pristine, work) -> list[str]:
 
     labels: dict[str, str] = {}
     for j in jobs:
-        packages = sorted({t.package for t in j["fix"].targets})
+        packages = sorted({t.package for t in j.fix.targets})
         if len(packages) != 1:
             # a fix of several packages is tested on the chain's tree, each package on its resolved base
             resolved = sources.resolve(profile.base["sources"], packages)
-            j["base"] = "; ".join(f"{p}: {r['base']} base {r['spec'].get('branch') or r['spec'].get('version') or ''} {str(r['spec'].get('commit') or '')[:9]}" for p, r in resolved.items())
+            j.base = "; ".join(
+                f"{p}: {r['base']} base {r['spec'].get('branch') or r['spec'].get('version') or ''} "
+                f"{str(r['spec'].get('commit') or '')[:9]}"
+                for p, r in resolved.items()
+            )
             continue
         specs, label = sources.test_sources(profile.base["sources"], packages[0])
         labels[packages[0]] = label
-        j["base"] = label
-        companions = {p: s for p, s in specs.items() if p != packages[0] and s != sources.resolve(profile.base["sources"], [p])[p]["spec"]}
+        j.base = label
+        companions = {
+            p: s
+            for p, s in specs.items()
+            if p != packages[0] and s != sources.resolve(profile.base["sources"], [p])[p]["spec"]
+        }
         if not companions:
             continue
-        own = work / f"pristine-{j['fix'].id}"
+        own = work / f"pristine-{j.fix.id}"
         proof.snapshot(pristine, own)
-        for tree in (j["before"], j["after"], own):
+        for tree in (j.before, j.after, own):
             for other, spec in companions.items():
                 shutil.rmtree(tree / other)  # hard links: the cache and the chain's tree keep their files
                 sources.materialise({other: spec}, tree)
-        j["pristine"] = own
+        j.pristine = own
     return [labels[p] for p in sorted(labels)]
 
 
-def _prove_requires(job, by_id, chain, pristine, work, timeout) -> None:
+def _prove_red_green(jobs: list[FixJob], workers: int, timeout: float) -> None:
+    """Each job's tests on its trees before and after it, and the per-test verdicts."""
     from fixpack.proofs import proof
 
-    fix = job["fix"]
+    trees = [(j.fix, tree) for j in jobs for tree in (j.before, j.after)]
+    runs = _pool(workers, lambda a: proof.run_tests(a[0], a[1], timeout), trees)
+    for k, j in enumerate(jobs):
+        j.runs = (runs[2 * k], runs[2 * k + 1])
+        j.red_green = proof.red_green(j.fix, *j.runs)
+
+
+def _prove_requires(job: FixJob, by_id: dict[str, Fix], chain: list[Fix], work: Path, timeout: float) -> RequiresRecord:
+    from fixpack.proofs import proof
+
+    fix = job.fix
     try:
         need = proof.requires_closure(fix, by_id)
     except Exception as exc:
-        job["requires"] = {"declared": fix.requires, "result": "FAILED", "detail": str(exc)}
-        return
+        return {"declared": fix.requires, "result": "FAILED", "detail": str(exc)}
     later = [f.id for f in chain[chain.index(fix) + 1 :]] if fix in chain else []
     for c in fix.meta.get("completed_by") or []:
         # A later fix this one is incomplete without: it must be in the selection, after it,
         # and require it, so that its tests run with both.
         where = f"{fix.dir / 'fix.yaml'}: completed_by {c!r}"
-        bad = (f"{where} is not in this selection" if c not in by_id else f"{where} does not come after it in the pack order" if c not in later
-               else f"{where} does not require {fix.id}, so no test of it runs with both" if fix.id not in proof.requires_closure(by_id[c], by_id) else "")
+        bad = (
+            f"{where} is not in this selection"
+            if c not in by_id
+            else f"{where} does not come after it in the pack order"
+            if c not in later
+            else f"{where} does not require {fix.id}, so no test of it runs with both"
+            if fix.id not in proof.requires_closure(by_id[c], by_id)
+            else ""
+        )
         if bad:
-            job["requires"] = {"declared": fix.requires, "result": "FAILED", "detail": bad}
-            return
-    prior = {f.id for f in job["prior"]}
+            return {"declared": fix.requires, "result": "FAILED", "detail": bad}
+    prior = {f.id for f in job.prior}
     if prior <= need:
-        job["requires"] = {"declared": fix.requires, "result": "verified", "detail": "the chain before it is its requires: its green run is this proof"}
-        return
+        return {
+            "declared": fix.requires,
+            "result": "verified",
+            "detail": "the chain before it is its requires: its green run is this proof",
+        }
 
-    def attempt(ids: set[str], tag: str):
+    def attempt(ids: set[str], tag: str) -> tuple[bool, str]:
         fixes = [f for f in chain if f.id in ids or f.id == fix.id]
         dest = work / f"req-{fix.id}-{tag}"
         try:
-            proof.build_tree(pristine, dest, fixes)
+            proof.build_tree(job.pristine, dest, fixes)
         except Exception as exc:
             return False, f"does not apply: {exc}"
         run = proof.run_tests(fix, dest, timeout)
@@ -283,57 +410,73 @@ def _prove_requires(job, by_id, chain, pristine, work, timeout) -> None:
     ok, detail = attempt(need, "declared")
     declared = ", ".join(sorted(need)) or "none"
     if ok:
-        job["requires"] = {"declared": fix.requires, "result": "verified", "detail": f"with only [{declared}]: {detail}"}
-        return
+        return {"declared": fix.requires, "result": "verified", "detail": f"with only [{declared}]: {detail}"}
     # Name the earlier fix it needs: the nearest one first.
-    for cand in reversed(job["prior"]):
+    for cand in reversed(job.prior):
         if cand.id in need:
             continue
         more = need | {cand.id} | proof.requires_closure(cand, by_id)
         ok2, _ = attempt(more, cand.id)
         if ok2:
-            job["requires"] = {"declared": fix.requires, "result": "FAILED", "needs": cand.id, "detail": f"with only [{declared}]: {detail}; passes once {cand.id} is under it: declare requires: [{cand.id}]"}
-            return
-    job["requires"] = {"declared": fix.requires, "result": "FAILED", "detail": f"with only [{declared}]: {detail}; no single earlier fix makes it pass"}
+            needs: RequiresNeeds = {
+                "declared": fix.requires,
+                "result": "FAILED",
+                "needs": cand.id,
+                "detail": f"with only [{declared}]: {detail}; passes once {cand.id} is under it: "
+                f"declare requires: [{cand.id}]",
+            }
+            return needs
+    return {
+        "declared": fix.requires,
+        "result": "FAILED",
+        "detail": f"with only [{declared}]: {detail}; no single earlier fix makes it pass",
+    }
 
 
-def _part_jobs(job, work) -> list[dict]:
+def _part_jobs(job: FixJob) -> list[PartJob]:
+    """The fix's parts to leave out one at a time (none for a single part); sets ``n_parts``, or
+    ``parts_error`` when the change cannot be re-applied as the engine applied it."""
     from fixpack.proofs import proof
 
-    fix = job["fix"]
-    before, after = job["before"], job["after"]
+    fix, before, after = job.fix, job.before, job.after
     try:
         full, parts = proof.apply_change(fix, before)
     except Exception as exc:
-        job["parts_error"] = f"cannot re-apply the change for the part proof: {exc}"
+        job.parts_error = f"cannot re-apply the change for the part proof: {exc}"
         return []
     # The change applied here must be what the engine wrote, or the proof is of something else.
-    differ = [rel for rel in fix.target_rels if full.get(rel, (before / rel).read_bytes()) != (after / rel).read_bytes()]
+    differ = [
+        rel for rel in fix.target_rels if full.get(rel, (before / rel).read_bytes()) != (after / rel).read_bytes()
+    ]
     if differ:
-        job["parts_error"] = f"re-applied change differs from the engine's output in {', '.join(differ)}"
+        job.parts_error = f"re-applied change differs from the engine's output in {', '.join(differ)}"
         return []
-    job["n_parts"] = len(parts)
+    job.n_parts = len(parts)
     if len(parts) < 2:
         return []
-    out = []
-    for part in parts:
-        out.append({"job": job, "part": part, "full": full})
-    return out
+    return [PartJob(job, part, full) for part in parts]
 
 
-def _prove_part(pj, timeout) -> dict:
+def _prove_part(pj: PartJob, timeout: float) -> PartRecord:
+    import shutil
+
     from fixpack.proofs import proof
 
-    job, part, full = pj["job"], pj["part"], pj["full"]
-    fix = job["fix"]
-    dest = job["before"].parent / f"part-{fix.id}-{part.index}"
+    job, part, full = pj.job, pj.part, pj.full
+    fix = job.fix
+    dest = job.before.parent / f"part-{fix.id}-{part.index}"
     try:
-        changes, _ = proof.apply_change(fix, job["before"], part.index)
+        changes, _ = proof.apply_change(fix, job.before, part.index)
     except Exception as exc:
-        return {"part": part.label, "result": "needed", "cause": f"the other parts do not apply without it: {str(exc)[:160]}"}
-    if all(proof.same_code(changes.get(rel, b""), full[rel]) for rel in full if rel.endswith(".py")) and set(changes) <= set(full):
+        return {
+            "part": part.label,
+            "result": "needed",
+            "cause": f"the other parts do not apply without it: {str(exc)[:160]}",
+        }
+    same_code = all(proof.same_code(changes.get(rel, b""), full[rel]) for rel in full if rel.endswith(".py"))
+    if same_code and set(changes) <= set(full):
         return {"part": part.label, "result": "comment-only", "cause": "changes only comments or blank lines"}
-    proof.snapshot(job["before"], dest)
+    proof.snapshot(job.before, dest)
     for rel, data in changes.items():
         proof.replace_file(dest / rel, data)
     for rel in changes:
@@ -341,15 +484,22 @@ def _prove_part(pj, timeout) -> dict:
             try:
                 compile(changes[rel], rel, "exec", dont_inherit=True)
             except SyntaxError as exc:
-                return {"part": part.label, "result": "needed", "cause": f"{rel} does not compile without it ({exc.msg})"}
+                return {
+                    "part": part.label,
+                    "result": "needed",
+                    "cause": f"{rel} does not compile without it ({exc.msg})",
+                }
     run = proof.run_tests(fix, dest, timeout, stop_at_first_failure=True)
-    import shutil
-
     shutil.rmtree(dest, ignore_errors=True)
     for nodeid, rec in run.tests.items():
         fail = proof._failure(rec)
         if fail is not None:
-            return {"part": part.label, "result": "needed", "cause": f"without it {nodeid.split('::', 1)[-1]} is red: {fail[1].get('cause', fail[1]['outcome'])}"}
+            cause = fail[1].get("cause", fail[1]["outcome"])
+            return {
+                "part": part.label,
+                "result": "needed",
+                "cause": f"without it {nodeid.split('::', 1)[-1]} is red: {cause}",
+            }
     if run.collect_errors:
         return {"part": part.label, "result": "needed", "cause": f"collection fails: {run.collect_errors[0]['cause']}"}
     if not run.reported:
@@ -357,21 +507,26 @@ def _prove_part(pj, timeout) -> dict:
     declared = {d.get("part"): d.get("why") for d in (fix.meta.get("untested_parts") or [])}
     if part.label in declared:
         return {"part": part.label, "result": "untested (declared)", "cause": declared[part.label]}
-    return {"part": part.label, "result": "UNTESTED", "cause": "every test still passes without it: nothing tests it, or it is not needed"}
+    return {
+        "part": part.label,
+        "result": "UNTESTED",
+        "cause": "every test still passes without it: nothing tests it, or it is not needed",
+    }
 
 
-def _verdict(job) -> dict:
-    fix = job["fix"]
-    rg = job["rg"]
+def _verdict(job: FixJob) -> FixRecord:
+    fix = job.fix
+    rg, runs = job.red_green, job.runs
+    assert rg is not None and runs is not None  # the red/green phase ran for every job
     problems = list(rg["problems"])
-    if job["bad"]:
-        problems.insert(0, "does not compile: " + "; ".join(job["bad"]))
-    req = job.get("requires")
+    if job.compile_errors:
+        problems.insert(0, "does not compile: " + "; ".join(job.compile_errors))
+    req = job.requires
     if req and req["result"] != "verified":
         problems.append("requires: " + req["detail"])
-    parts = job.get("parts", [])
-    if job.get("parts_error"):
-        problems.append(job["parts_error"])
+    parts = job.parts
+    if job.parts_error:
+        problems.append(job.parts_error)
     for p in parts:
         if p["result"] in ("UNTESTED", "needed?"):
             problems.append(f"part {p['part']}: {p['cause']}")
@@ -379,56 +534,92 @@ def _verdict(job) -> dict:
         labels = {p["part"] for p in parts}
         for d in fix.meta.get("untested_parts") or []:
             if d.get("part") not in labels:
-                problems.append(f"{fix.dir / 'fix.yaml'}: untested_parts names {d.get('part')!r}, which is no part of the change")
-    n_parts = job.get("n_parts")
-    secs = job["t_apply"] + sum(r.seconds for r in job["runs"])
-    rec = {
+                problems.append(
+                    f"{fix.dir / 'fix.yaml'}: untested_parts names {d.get('part')!r}, which is no part of the change"
+                )
+    if not parts and job.n_parts == 1 and rg["red_green"]:
+        # a single part is left out by taking the fix out: its red/green is that proof
+        parts = [{"part": "(the whole change)", "result": "needed", "cause": "its only part: its red/green shows it"}]
+    result: FixResult
+    if problems:
+        result, detail = "FAILED", "; ".join(problems)
+    elif not fix.cpu_demonstrable:
+        result = "NOT-CPU"
+        detail = (
+            f"not demonstrable on CPU (device gate: {fix.meta['device_gate']['gate']}); "
+            f"its CPU tests hold: {rg['red_green']} red then green, {rg['guards']} guards"
+        )
+    else:
+        result, detail = "proven", f"{rg['red_green']} red then green, {rg['guards']} guards"
+    return {
         "fix": fix.id,
         "tests": rg["tests"],
         "red_green": rg["red_green"],
         "guards": rg["guards"],
-        "parts": parts if parts else ([{"part": "(the whole change)", "result": "needed", "cause": "its only part: its red/green shows it"}] if n_parts == 1 and rg["red_green"] else []),
-        "n_parts": n_parts,
+        "parts": parts,
+        "n_parts": job.n_parts,
         "requires": req,
-        "seconds": round(secs, 1),
-        "base": job.get("base"),
+        "seconds": round(job.apply_seconds + sum(r.seconds for r in runs), 1),
+        "base": job.base,
+        "result": result,
+        "detail": detail,
     }
-    if problems:
-        rec.update(result="FAILED", detail="; ".join(problems))
-    elif not fix.cpu_demonstrable:
-        rec.update(result="NOT-CPU", detail=f"not demonstrable on CPU (device gate: {fix.meta['device_gate']['gate']}); its CPU tests hold: {rg['red_green']} red then green, {rg['guards']} guards")
-    else:
-        rec.update(result="proven", detail=f"{rg['red_green']} red then green, {rg['guards']} guards")
-    return rec
 
 
-def _print_fix(rec: dict, brief: bool = False) -> None:
-    name = rec["fix"]
-    parts = rec.get("parts") or []
+def _report_fix(lines: Lines, rec: FixRecord, brief: bool = False) -> None:
+    parts = rec["parts"]
     needed = sum(1 for p in parts if p["result"] == "needed")
-    line = f"{name}{'.' * max(3, 40 - len(name))}{rec['result']:<9} {rec.get('seconds', 0):5.1f}s  {len(rec['tests'])} tests: {rec['red_green']} red->green, {rec['guards']} guards"
-    if rec.get("n_parts"):
-        line += f"; parts needed {needed}/{rec['n_parts']}"
+    status = f"{rec['seconds']:5.1f}s  {len(rec['tests'])} tests: {rec['red_green']} red->green, {rec['guards']} guards"
+    if rec["n_parts"]:
+        status += f"; parts needed {needed}/{rec['n_parts']}"
         other = {k: sum(1 for p in parts if p["result"] == k) for k in ("untested (declared)", "comment-only")}
-        line += "".join(f", {v} {k}" for k, v in other.items() if v)
-    if rec.get("requires"):
-        line += f"; requires {rec['requires']['result']}"
-    print(line, flush=True)
+        status += "".join(f", {v} {k}" for k, v in other.items() if v)
+    if rec["requires"]:
+        status += f"; requires {rec['requires']['result']}"
+    lines.line(rec["fix"], rec["result"], status)
     if brief:
         if rec["result"] == "FAILED":
-            print(f"    FAILED: {rec['detail']}"[:2000])
+            lines.say(f"    FAILED: {rec['detail']}"[:2000])
         return
     for t in rec["tests"]:
         mark = ("red->green" if t["role"] == "red-green" else "guard") if t["ok"] else "BAD"
-        print(f"    {mark:<10} {t['test']}: {t['cause']}"[:240])
+        lines.say(f"    {mark:<10} {t['test']}: {t['cause']}"[:240])
     for p in parts:
         if p["result"] != "needed" or len(parts) > 1:
-            print(f"    part {p['result']:<10} {p['part']}: {p['cause']}"[:240])
+            lines.say(f"    part {p['result']:<10} {p['part']}: {p['cause']}"[:240])
     if rec["result"] == "FAILED":
-        print(f"    FAILED: {rec['detail']}"[:2000])
+        lines.say(f"    FAILED: {rec['detail']}"[:2000])
 
 
-def _machine(load_start) -> dict:
+def _rerun_and_revert(engine: Engine, steps: list[Step], tree: Path, manifest: dict) -> list[RowRecord]:
+    """The re-run row (a second apply of the whole chain does nothing) and the revert row
+    (`revert --all` gives back the manifest's bytes)."""
+    from fixpack.apply.engine import revert
+    from fixpack.apply.hashing import sha256_file
+
+    rerun_noop = engine.fast_path_done() if len(steps) == len(engine.fixes) else None
+    revert(engine, None)
+    drift = []
+    for s in steps:
+        for rel in s.files:
+            pkg, sub = rel.split("/", 1)
+            if sha256_file(tree / rel) != manifest[pkg][sub]:
+                drift.append(rel)
+    return [
+        {
+            "fix": "(re-run)",
+            "result": "ok" if rerun_noop in (True, None) else "FAILED",
+            "detail": "second apply is a no-op" if rerun_noop else "n/a (partial chain)",
+        },
+        {
+            "fix": "(revert --all)",
+            "result": "ok" if not drift else "FAILED",
+            "detail": "pristine bytes restored" if not drift else f"not pristine: {drift}",
+        },
+    ]
+
+
+def _machine(load_start: float | None) -> dict:
     """What the timings were measured on: they are only comparable with this beside them."""
     cpu = "unknown CPU"
     try:
@@ -442,17 +633,17 @@ def _machine(load_start) -> dict:
     return {"cpu": cpu, "cpus": os.cpu_count(), "load_start": load_start, "load_end": load_end}
 
 
-def _totals(results: list[dict]) -> dict:
+def _totals(results: list[Record]) -> dict:
     fixes = [r for r in results if "tests" in r]
-    parts = [p for r in fixes for p in r.get("parts") or []]
+    parts = [p for r in fixes for p in r["parts"]]
     return {
         "fixes": len(fixes),
         "tests": sum(len(r["tests"]) for r in fixes),
         "red_green": sum(r["red_green"] for r in fixes),
         "guards": sum(r["guards"] for r in fixes),
-        "parts": sum(r.get("n_parts") or 0 for r in fixes),
+        "parts": sum(r["n_parts"] or 0 for r in fixes),
         "parts_needed": sum(1 for p in parts if p["result"] == "needed"),
         "parts_comment_only": sum(1 for p in parts if p["result"] == "comment-only"),
         "parts_untested": sum(1 for p in parts if p["result"].startswith(("UNTESTED", "untested"))),
-        "requires_verified": sum(1 for r in fixes if (r.get("requires") or {}).get("result") == "verified"),
+        "requires_verified": sum(1 for r in fixes if r["requires"] and r["requires"]["result"] == "verified"),
     }

@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
 from fixpack.errors import ConfigError
 from fixpack.kinds.base import parse_python
@@ -201,11 +202,20 @@ def guard_matches(name: str, nodeid: str, test_name: str) -> bool:
     return name in (test_name, base) or nodeid.endswith("::" + name) or nodeid == name or nodeid.split("[", 1)[0] == name
 
 
-def red_green(fix, before: TestRun, after: TestRun) -> dict:
+class RedGreen(TypedDict):
+    """What `red_green` finds: a row per test (test, role, ok, cause[, red, green]), the counts."""
+
+    tests: list[dict[str, Any]]
+    red_green: int
+    guards: int
+    problems: list[str]
+
+
+def red_green(fix, before: TestRun, after: TestRun) -> RedGreen:
     """The per-test verdicts of one fix; ``problems`` is empty when its proof holds."""
     guards = list(fix.meta.get("regression_guards") or [])
     problems: list[str] = []
-    rows = []
+    rows: list[dict[str, Any]] = []
     for run, label in ((before, "before"), (after, "after")):
         if not run.reported:
             problems.append(f"{label}: {run.summary}")
@@ -218,7 +228,7 @@ def red_green(fix, before: TestRun, after: TestRun) -> dict:
         assert rec is not None  # nodeid comes from one of the two runs
         guard = [g for g in guards if guard_matches(g, nodeid, rec["name"])]
         used.update(guard)
-        row = {"test": nodeid.split("::", 1)[-1], "role": "guard" if guard else "red-green"}
+        row: dict[str, Any] = {"test": nodeid.split("::", 1)[-1], "role": "guard" if guard else "red-green"}
         if b is None or a is None:
             row.update(ok=False, cause=f"not run {'before' if b is None else 'after'} the fix")
         else:
