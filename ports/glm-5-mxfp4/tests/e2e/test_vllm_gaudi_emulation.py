@@ -106,8 +106,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory):
+def development_tree(tmp_path_factory) -> Path:
+    """v0.30.0's development base with the port's patches applied, vLLM 0.27.0 beside it; the
+    test module is skipped where the sources are not in the fixpack cache."""
     dest = tmp_path_factory.mktemp("v0.30.0-dev") / "tree"
     try:
         trees.build(dest, "v0.30.0", extra=["--port", "glm-5-mxfp4", "--development-base"])
@@ -115,6 +116,11 @@ def tree(tmp_path_factory):
     except RuntimeError as exc:
         pytest.skip(f"no v0.30.0 development-base tree: {exc}")
     return dest
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return development_tree(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -129,11 +135,18 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def constant_draft(ckpt, tmp_path_factory):
-    """The converted checkpoint with the MTP layer's shared-head norm zeroed: its logits are all 0,
-    so its draft is always token 0 (the first of equal maxima). Only the MTP layer differs."""
+    return fixed_draft(ckpt[1], tmp_path_factory)
+
+
+def fixed_draft(dst: Path, tmp_path_factory, unit: int | None = None) -> Path:
+    """A copy of the converted checkpoint ``dst`` whose MTP draft is fixed; only the MTP layer's
+    shared-head norm differs. Without ``unit``: the norm zeroed, so the draft's logits are all 0
+    and its draft is always token 0 (the first of equal maxima). With ``unit`` k: the norm keeps
+    hidden unit k only, so the draft's logits are column k of the target's lm_head times one
+    number (vLLM's proposer puts the target's lm_head in the MTP layer's shared_head.head), and
+    the draft is that column's largest or smallest token, by the sign of the unit."""
     from safetensors.torch import load_file, save_file
 
-    _, dst = ckpt
     out = tmp_path_factory.mktemp("draft0") / "GLM-tiny-MXFP4"
     subprocess.run(["cp", "-r", f"{dst}/.", str(out)], check=True)
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
@@ -142,13 +155,20 @@ def constant_draft(ckpt, tmp_path_factory):
     shard = out / index[key]
     tensors = load_file(str(shard))
     tensors[key] = torch.zeros_like(tensors[key])
+    if unit is not None:
+        tensors[key][unit] = 1
     save_file(tensors, str(shard), metadata={"format": "pt"})
     return out
 
 
 @pytest.fixture(scope="module")
 def reference(ckpt):
-    """transformers 5.23.0, bf16, routed experts = the converter's dequantization of the checkpoint."""
+    return dequantized_greedy(ckpt)
+
+
+def dequantized_greedy(ckpt):
+    """transformers 5.23.0, bf16, routed experts = the converter's dequantization of the checkpoint:
+    its greedy tokens for PROMPTS."""
     model, replaced = glm_moe_dsa_tiny.dequantized_reference(*ckpt, torch.bfloat16)
     assert replaced == 2 * 8  # two MoE layers of 8 experts
     return greedy_reference(model, PROMPTS, NEW_TOKENS)

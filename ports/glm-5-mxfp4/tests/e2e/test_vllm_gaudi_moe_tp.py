@@ -19,6 +19,7 @@ the scales with them).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -29,9 +30,17 @@ for path in (HERE, HERE.parents[3] / "emulation", HERE.parent, HERE.parents[1]):
     sys.path.insert(0, str(path))
 
 import torch  # noqa: E402
-from hpu_harness import trees  # noqa: E402
-from hpu_harness.compare import greedy_reference  # noqa: E402
-from test_vllm_gaudi_emulation import NEW_TOKENS, OVERRIDES, PROMPTS, TIE, _serve  # noqa: E402  (skips where it skips)
+from test_vllm_gaudi_emulation import (  # noqa: E402  (skips where it skips)
+    MTP,
+    NEW_TOKENS,
+    OVERRIDES,
+    PROMPTS,
+    TIE,
+    _serve,
+    dequantized_greedy,
+    development_tree,
+    fixed_draft,
+)
 
 import glm_moe_dsa_tiny  # noqa: E402
 from glm5_hpu import placement  # noqa: E402
@@ -49,14 +58,7 @@ def _ep(ranks: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    """The other file's tree: v0.30.0's development base with the port's patches, vLLM 0.27.0."""
-    dest = tmp_path_factory.mktemp("v0.30.0-dev") / "tree"
-    try:
-        trees.build(dest, "v0.30.0", extra=["--port", "glm-5-mxfp4", "--development-base"])
-        trees.use_companion_vllm(dest, "0.27.0")
-    except RuntimeError as exc:
-        pytest.skip(f"no v0.30.0 development-base tree: {exc}")
-    return dest
+    return development_tree(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +72,28 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(ckpt):
-    model, replaced = glm_moe_dsa_tiny.dequantized_reference(*ckpt, torch.bfloat16)
-    assert replaced == 2 * N_EXPERTS
-    return greedy_reference(model, PROMPTS, NEW_TOKENS)
+    return dequantized_greedy(ckpt)
+
+
+@pytest.fixture(scope="module")
+def two_token_draft(ckpt, reference, tmp_path_factory):
+    """This file's checkpoint with the MTP draft one of two tokens (``fixed_draft`` with a unit):
+    the unit whose lm_head column's largest and smallest tokens are the most frequent in the
+    reference's greedy tokens (token 0, the other file's constant draft, is never among them here),
+    so that drafts are accepted and rejected."""
+    from safetensors import safe_open
+
+    dst = ckpt[1]
+    index = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(str(dst / index["lm_head.weight"]), "pt") as f:
+        head = f.get_tensor("lm_head.weight").float()
+    greedy = [t for tokens in reference.tokens for t in tokens]
+    hits = [
+        greedy.count(int(head[:, k].argmax())) + greedy.count(int(head[:, k].argmin())) for k in range(head.shape[1])
+    ]
+    unit = max(range(len(hits)), key=hits.__getitem__)
+    assert hits[unit] >= 4, hits  # a draft the greedy tokens take now and then
+    return fixed_draft(dst, tmp_path_factory, unit=unit)
 
 
 @pytest.fixture(scope="module")
@@ -118,10 +139,11 @@ def _expected(dst: Path, layer: int, experts: list[int], tp: tuple[int, int]) ->
     }
 
 
-def _check_holdings(result, dst: Path, ranks: int, moe_tp: int, order=None) -> list[list[int]]:
+def _check_holdings(result, dst: Path, ranks: int, moe_tp: int, order=None, layers=(1, 2)) -> list[list[int]]:
     """Each worker holds what GLM_MOE_TP's layout names: group g = rank // N holds the g-th
-    consecutive slice of the stored order, rank % N's 1/N of the intermediate dimension. Returns
-    the experts per rank of the first MoE layer."""
+    consecutive slice of the stored order, rank % N's 1/N of the intermediate dimension, in every
+    MoE layer of ``layers`` (3: the MTP draft's). Returns the experts per rank of the first MoE
+    layer."""
     workers = sorted(result["workers"], key=lambda w: w["tp_rank"])
     assert [w["tp_rank"] for w in workers] == list(range(ranks)) and len({w["pid"] for w in workers}) == ranks
     groups, per_group = ranks // moe_tp, N_EXPERTS // (ranks // moe_tp)
@@ -132,7 +154,7 @@ def _check_holdings(result, dst: Path, ranks: int, moe_tp: int, order=None) -> l
         by_layer: dict[int, dict] = {}
         for name, facts in w["params"].items():
             by_layer.setdefault(int(name.split(".layers.")[1].split(".")[0]), {})[name.rsplit(".", 1)[1]] = facts
-        assert sorted(by_layer) == [1, 2], sorted(w["params"])  # the two MoE layers
+        assert sorted(by_layer) == list(layers), sorted(w["params"])  # the MoE layers
         for layer, got in sorted(by_layer.items()):
             stored = list(order.order(layer)) if order is not None else list(range(N_EXPERTS))
             experts = stored[(r // moe_tp) * per_group : (r // moe_tp + 1) * per_group]
@@ -218,6 +240,56 @@ def test_moe_tp_2_on_four_ranks_two_groups_with_a_placement_and_the_glm_kernels(
     # equal before parting in the run of 2026-12-04, so at least 60% here, not 75%
     reference.check_divergence(result["alone"], TIE, min_fraction=0.6)
     held = _check_holdings(result, ckpt[1], 4, 2, order)
+    assert held[0] == held[1] and held[2] == held[3] and sorted(held[0] + held[2]) == list(range(8))
+
+
+def test_the_seed_launch_scaled_down_mtp_on_four_ranks_every_switch_on(
+    tree, ckpt, two_token_draft, reference, placement_file, monkeypatch
+):
+    """The seed's launch on this machine's scale: TP 4 with expert parallelism at GLM_MOE_TP=2 (two
+    expert groups of two ranks; the seed has four), MTP with one speculative token, and every
+    switch at the launch block's value: GLM_DSA_SPARSE=1 (dense here: the window is below the
+    threshold), GLM_MXK=1, GLM_MXK_PREFILL=1, the placement file, GLM_ROUTER_FAST=1,
+    GLM_EARLY_DRAFT=1, GLM_SPEC_DEVICE_REJECT=1. The draft is one of two tokens frequent in the
+    greedy tokens (``two_token_draft``), so drafts are both accepted and rejected. Greedy tokens match the reference batched and alone;
+    the top-5 logprobs of every greedy token are complete and finite with the greedy token the most
+    likely; seeded requests at temperature 1 complete and repeat themselves; vLLM's speculative
+    counters report drafts, some accepted; each rank holds its group's experts in the file's order
+    at half width in the two MoE layers and in the MTP draft's."""
+    path, order = placement_file
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    proc, result = _serve(
+        tree,
+        two_token_draft,
+        monkeypatch,
+        engine_args=[*_ep(4), f"speculative_config={spec}"],
+        extra=[*MTP, *PROBE],
+        GLM_DSA_SPARSE=1,
+        GLM_MXK=1,
+        GLM_MXK_PREFILL=1,
+        GLM_MOE_TP=2,
+        GLM_MOE_PLACEMENT=path,
+        GLM_ROUTER_FAST=1,
+        GLM_EARLY_DRAFT=1,
+        GLM_SPEC_DEVICE_REJECT=1,
+    )
+    assert result is not None, proc.stderr[-6000:]
+    reference.check_divergence(result["batched"], TIE)
+    reference.check_divergence(result["alone"], TIE, min_fraction=0.6)  # as the four-rank test above
+    for tokens, steps in zip(result["batched"], result["logprobs"], strict=True):
+        assert len(steps) == NEW_TOKENS
+        for token, top in zip(tokens, steps, strict=True):
+            values = [float(v) for v in top.values()]
+            assert len(top) >= 5 and all(math.isfinite(v) and v <= 0 for v in values), top
+            assert top[str(token)] == max(values), (token, top)
+    assert [len(t) for t in result["sampled"]] == [NEW_TOKENS] * len(PROMPTS)
+    assert result["sampled"] != result["batched"] and result["sampled_again"] == result["sampled"]
+    counts = result.get("spec_decode", {})
+    drafts = counts.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = counts.get("vllm:spec_decode_num_accepted_tokens", 0)
+    assert drafts > 0 and 0 < accepted < drafts, counts
+    print(f"seed launch scaled down: {accepted} of {drafts} drafts accepted")  # shown with -rP
+    held = _check_holdings(result, two_token_draft, 4, 2, order, layers=(1, 2, 3))
     assert held[0] == held[1] and held[2] == held[3] and sorted(held[0] + held[2]) == list(range(8))
 
 
