@@ -18,13 +18,13 @@ import yaml
 from fixpack.cli.main import main
 from testing.recipes import as_in_image, edited, seed_page, write_recipe
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
 TEMPLATE_REL = "ports/glm-5-3-flash/serving/chat_template.jinja"
 TEMPLATE = REPO / TEMPLATE_REL
 
 # The serving page's launch block, its start-up line included (the port is kept from the image
-# build: tests/integration/test_launch_lines.py); a repository path is "$COOKBOOK/...".
+# build: tests/release/test_launch_lines.py); a repository path is "$COOKBOOK/...".
 EXPECTED = """\
 export PT_HPU_LAZY_MODE=1
 export VLLM_SKIP_WARMUP=true
@@ -139,7 +139,7 @@ def test_show_with_explicit_recipe_path_renders_the_same(pack, capsys):
 
 
 def test_the_rendered_block_is_the_pages_block():
-    """Every line, the start-up line included (the page's own: tests/integration/test_launch_lines.py
+    """Every line, the start-up line included (the page's own: tests/release/test_launch_lines.py
     runs it verbatim in an image the port's install.sh prepared)."""
     page = seed_page("000")
     if page is None:
