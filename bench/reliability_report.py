@@ -22,9 +22,9 @@
 6. state: attacks on the driver itself, each with the kernel layers on and forced
    off: a forged state record, a planted journal, folders swapped for symlinks during the run
    (restore, commit, the state folder), a __pycache__ symlink, a limit exceeded, a process that outlives its
-   fix (tests/test_hostile_state.py, test_hostile_restore.py, test_limits.py, run as they are).
+   fix (tests/integration/test_hostile_state.py, test_hostile_restore.py, test_limits.py, run as they are).
 
-The CI tests run a sample of each (tests/test_reliability_*.py, tests/test_hostile_input.py).
+The CI tests run a sample of each (tests/integration/test_reliability_*.py, test_hostile_input.py).
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ def state_cases() -> list[tuple[str, callable]]:
     """The driver-attack tests (state, restores, limits, survivors), called as they are with a
     scratch folder for tmp_path (the same code CI runs, not a copy). A pytest skip (no Landlock
     here) is reported as not run."""
-    from tests import test_hostile_restore as HR
-    from tests import test_hostile_state as HS
-    from tests import test_limits as TL
+    from tests.integration import test_hostile_restore as HR
+    from tests.integration import test_hostile_state as HS
+    from tests.integration import test_limits as TL
 
     def case(fn, *args, what: str):
         def run(w: Path):

@@ -1,6 +1,6 @@
 """Hostile and malformed input: each case, what it feeds fixpack, and the refusal expected.
 
-Shared by tests/test_hostile_input.py (one test per case) and bench/reliability_report.py.
+Shared by tests/integration/test_hostile_input.py (one test per case) and bench/reliability_report.py.
 A case edits a copy of a locked synthetic pack (and sometimes the tree), then runs one
 command in its own process:
 

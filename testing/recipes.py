@@ -1,4 +1,4 @@
-"""Recipe test helpers (tests/test_recipe.py, ports/*/tests/test_recipe_*.py, the launch-line
+"""Recipe test helpers (tests/unit/test_recipe.py, ports/*/tests/test_recipe_*.py, the launch-line
 tests): the serving pages beside the checkout, a recipe rendered, a recipe edited as data."""
 
 from __future__ import annotations

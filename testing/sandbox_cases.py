@@ -10,7 +10,7 @@ a file of the tree outside its targets, change its metadata, or start a program.
              for a call that needs a privilege (chown to another user), the dropped
              capabilities refuse it (``hook="refused"``)
 
-Shared by tests/test_sandbox.py and bench/reliability_report.py.
+Shared by tests/integration/test_sandbox.py and bench/reliability_report.py.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ the bits the kernel reads.
 A call from another system call table (x86's 32-bit or x32 tables) is refused whole. The
 program is a classic BPF filter written out by hand through ctypes, as fixpack.sandbox.landlock makes
 its system calls: no dependency, and the numbers of each architecture in one table
-(tests/test_seccomp.py runs the program in a small interpreter for every architecture listed).
+(tests/unit/test_seccomp.py runs the program in a small interpreter for every architecture listed).
 """
 
 from __future__ import annotations

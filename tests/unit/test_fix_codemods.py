@@ -1,6 +1,6 @@
 """Each real codemod of the pack on a small before text: the after text, and the after text is
 a fixed point (LibCST's CodemodTest style). Their behaviour on the real release is proven by
-each fix's own red/green tests (`fixpack check`); tests/test_codemod_reformat.py runs them on
+each fix's own red/green tests (`fixpack check`); tests/release/test_codemod_reformat.py runs them on
 the reformatted release."""
 
 from __future__ import annotations

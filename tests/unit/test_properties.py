@@ -43,9 +43,13 @@ FILES = ["pkg_a/r0.txt", "pkg_b/r1.txt"]
 
 # Characters that end a line for str.splitlines but not for a diff: a fix must treat them as text.
 ODD = ["\x0c", "\x0b", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r", "\t", "é", "€", "𝔘"]
-line_text = st.text(alphabet=st.one_of(st.characters(min_codepoint=32, max_codepoint=126), st.sampled_from(ODD)), max_size=12).map(lambda s: s.replace("\r", "\r "))
+line_text = st.text(
+    alphabet=st.one_of(st.characters(min_codepoint=32, max_codepoint=126), st.sampled_from(ODD)), max_size=12
+).map(lambda s: s.replace("\r", "\r "))
 file_spec = st.tuples(st.lists(line_text, min_size=1, max_size=25), st.sampled_from(["\n", "\r\n"]), st.booleans())
-edit = st.tuples(st.integers(min_value=0, max_value=10_000), st.sampled_from(["replace", "insert", "delete"]), line_text)
+edit = st.tuples(
+    st.integers(min_value=0, max_value=10_000), st.sampled_from(["replace", "insert", "delete"]), line_text
+)
 
 
 def render(lines: list[str], eol: str, final_newline: bool) -> bytes:
@@ -97,8 +101,13 @@ def make_diff(rel: str, old: bytes, new: bytes) -> bytes:
 def inprocess_worker(self, fix, inputs, pins=None, hashes=None):
     stage = Path(tempfile.mkdtemp(prefix="fixpack-prop-stage-"))
     job = {
-        "fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage), "check_idempotent": self.check_idempotent,
-        "targets": [{"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")} for i, (rel, src) in enumerate(inputs.items())],
+        "fix_dir": str(fix.dir),
+        "kind": fix.kind,
+        "stage_dir": str(stage),
+        "check_idempotent": self.check_idempotent,
+        "targets": [
+            {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")} for i, (rel, src) in enumerate(inputs.items())
+        ],
     }
     try:
         worker.run(job)
@@ -112,7 +121,10 @@ def inprocess_worker(self, fix, inputs, pins=None, hashes=None):
 @contextmanager
 def random_pack(files, fixes_per_file, data):
     """A pack whose profile holds random diff fixes of random files; yields (engine factory, tree, pristine, final)."""
-    with tempfile.TemporaryDirectory(prefix="fixpack-prop-") as d, mock.patch.object(Engine, "run_worker", inprocess_worker):
+    with (
+        tempfile.TemporaryDirectory(prefix="fixpack-prop-") as d,
+        mock.patch.object(Engine, "run_worker", inprocess_worker),
+    ):
         root = Path(d) / "pack"
         src = write_tree(root / "pristine")
         pristine, final, entries = {}, {}, []
@@ -134,7 +146,9 @@ def random_pack(files, fixes_per_file, data):
                 cur = new
             final[rel] = cur
         (root / "profiles").mkdir()
-        (root / "profiles" / "test.yaml").write_text(yaml.safe_dump({"name": "test", "base": {"sources": {}}, "packages": ["pkg_a", "pkg_b"], "fixes": entries}))
+        (root / "profiles" / "test.yaml").write_text(
+            yaml.safe_dump({"name": "test", "base": {"sources": {}}, "packages": ["pkg_a", "pkg_b"], "fixes": entries})
+        )
         write_lock(root)
         tree = Path(d) / "tree"
         shutil.copytree(src, tree)
@@ -143,12 +157,25 @@ def random_pack(files, fixes_per_file, data):
 
         def engine():
             found = {p: tree / p for p in profile.packages}
-            return Engine(pack, profile, None, [], found, Store(tree / ".fixpack"), Lock.load(profile.lock_path), report=Lines(quiet=True))
+            return Engine(
+                pack,
+                profile,
+                None,
+                [],
+                found,
+                Store(tree / ".fixpack"),
+                Lock.load(profile.lock_path),
+                report=Lines(quiet=True),
+            )
 
         yield engine, tree, pristine, final
 
 
-SETTINGS = settings(max_examples=int(os.environ.get("FIXPACK_PROP_EXAMPLES", "25")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("FIXPACK_PROP_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 files_st = st.lists(file_spec, min_size=2, max_size=2)
 
 
@@ -176,10 +203,16 @@ def test_apply_then_revert_gives_back_the_exact_bytes(files, n, data):
 def test_apply_twice_equals_apply_once(files, n, data):
     with random_pack(files, n, data) as (engine, tree, pristine, final):
         assert engine().apply() == 0
-        once = {rel: ((tree / rel).read_bytes(), os.stat(tree / rel).st_ino, os.stat(tree / rel).st_mtime_ns) for rel in FILES}
+        once = {
+            rel: ((tree / rel).read_bytes(), os.stat(tree / rel).st_ino, os.stat(tree / rel).st_mtime_ns)
+            for rel in FILES
+        }
         state = (tree / ".fixpack" / "state.json").read_bytes()
         assert engine().apply() == 0
-        assert {rel: ((tree / rel).read_bytes(), os.stat(tree / rel).st_ino, os.stat(tree / rel).st_mtime_ns) for rel in FILES} == once
+        assert {
+            rel: ((tree / rel).read_bytes(), os.stat(tree / rel).st_ino, os.stat(tree / rel).st_mtime_ns)
+            for rel in FILES
+        } == once
         assert (tree / ".fixpack" / "state.json").read_bytes() == state
 
 
@@ -196,7 +229,9 @@ def test_verify_detects_every_single_byte_change(files, data):
             good = p.read_bytes()
             variants = []
             for i in range(len(good)):
-                variants.append(good[:i] + bytes([(good[i] + data.draw(st.integers(1, 255), label="delta")) % 256]) + good[i + 1 :])
+                variants.append(
+                    good[:i] + bytes([(good[i] + data.draw(st.integers(1, 255), label="delta")) % 256]) + good[i + 1 :]
+                )
             for i in data.draw(st.lists(st.integers(0, len(good)), max_size=5), label="insertions"):
                 variants.append(good[:i] + b"x" + good[i:])
             for i in data.draw(st.lists(st.integers(0, max(0, len(good) - 1)), max_size=5), label="deletions"):

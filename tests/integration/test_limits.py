@@ -16,7 +16,7 @@ from testing import builders as B
 from testing import reliability_lib as L
 from testing.hostile_cases import Ctx
 from testing.sandbox_cases import PRELUDE
-from tests.test_forkserver import job, result, server  # noqa: F401 - the fixture
+from tests.integration.test_forkserver import job, result, server  # noqa: F401 - the fixture
 
 
 def test_limits_parse_defaults_and_overrides():

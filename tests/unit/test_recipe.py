@@ -18,13 +18,13 @@ import yaml
 from fixpack.cli.main import main
 from testing.recipes import as_in_image, edited, seed_page, write_recipe
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
 TEMPLATE_REL = "ports/glm-5-3-flash/serving/chat_template.jinja"
 TEMPLATE = REPO / TEMPLATE_REL
 
 # The serving page's launch block, its start-up line included (the port is kept from the image
-# build: tests/integration/test_launch_lines.py); a repository path is "$COOKBOOK/...".
+# build: tests/release/test_launch_lines.py); a repository path is "$COOKBOOK/...".
 EXPECTED = """\
 export PT_HPU_LAZY_MODE=1
 export VLLM_SKIP_WARMUP=true
@@ -67,7 +67,13 @@ SWITCHES = {
     "GLM5_NEXT_IMAGE_MAX_TOKENS": {"default": 2048, "type": "int", "min": 1, "reference": 2048, "meaning": "m"},
     "GLM5_NEXT_KDA_SCAN": {"default": "auto", "type": "bool", "reference": 0, "meaning": "m"},
     "GLM5_NEXT_DECODE_LAYER_GROUP": {"default": 45, "type": "int", "min": 1, "max": 45, "reference": 1, "meaning": "m"},
-    "GLM5_NEXT_MHC_SINKHORN": {"default": "kernel", "type": "enum", "choices": ["kernel", "torch"], "reference": "torch", "meaning": "m"},
+    "GLM5_NEXT_MHC_SINKHORN": {
+        "default": "kernel",
+        "type": "enum",
+        "choices": ["kernel", "torch"],
+        "reference": "torch",
+        "meaning": "m",
+    },
 }
 
 
@@ -75,8 +81,17 @@ def _fix(folder: Path, fid: str) -> None:
     folder.mkdir(parents=True)
     (folder / "fix.yaml").write_text(
         yaml.safe_dump(
-            {"id": fid, "summary": "s", "why": "w", "kind": "diff", "targets": [{"package": "vllm", "path": "x.py"}],
-             "upstream": None, "remove_when": "r", "tests": ["test_x.py"], "releases": {"v0.26.0": {"status": "applies"}}}
+            {
+                "id": fid,
+                "summary": "s",
+                "why": "w",
+                "kind": "diff",
+                "targets": [{"package": "vllm", "path": "x.py"}],
+                "upstream": None,
+                "remove_when": "r",
+                "tests": ["test_x.py"],
+                "releases": {"v0.26.0": {"status": "applies"}},
+            }
         )
     )
     (folder / "patch.diff").write_text("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-a\n+b\n")
@@ -91,8 +106,12 @@ def pack(tmp_path):
     (root / "profiles").mkdir(parents=True)
     (root / "profiles" / "v0.26.0.yaml").write_text(
         yaml.safe_dump(
-            {"name": "v0.26.0", "base": {}, "packages": ["vllm", "vllm_gaudi"],
-             "fixes": [{"id": "async-inputs"}, {"id": "glm47-streaming-text-markers", "opt_in": True}]}
+            {
+                "name": "v0.26.0",
+                "base": {},
+                "packages": ["vllm", "vllm_gaudi"],
+                "fixes": [{"id": "async-inputs"}, {"id": "glm47-streaming-text-markers", "opt_in": True}],
+            }
         )
     )
     _fix(root / "fixes" / "async-inputs", "async-inputs")
@@ -101,8 +120,14 @@ def pack(tmp_path):
     port.mkdir(parents=True)
     (port / "port.yaml").write_text(
         yaml.safe_dump(
-            {"name": "glm-5-3-flash", "profile": "v0.26.0", "patches": [], "plugin": {"package": "glm5_next_hpu"},
-             "switch_prefix": "GLM5_NEXT_", "switches": SWITCHES},
+            {
+                "name": "glm-5-3-flash",
+                "profile": "v0.26.0",
+                "patches": [],
+                "plugin": {"package": "glm5_next_hpu"},
+                "switch_prefix": "GLM5_NEXT_",
+                "switches": SWITCHES,
+            },
             sort_keys=False,
         )
     )
@@ -139,7 +164,7 @@ def test_show_with_explicit_recipe_path_renders_the_same(pack, capsys):
 
 
 def test_the_rendered_block_is_the_pages_block():
-    """Every line, the start-up line included (the page's own: tests/integration/test_launch_lines.py
+    """Every line, the start-up line included (the page's own: tests/release/test_launch_lines.py
     runs it verbatim in an image the port's install.sh prepared)."""
     page = seed_page("000")
     if page is None:
@@ -160,15 +185,15 @@ def test_a_long_start_up_line_takes_its_opt_ins_on_a_continuation_line():
 
 
 def test_rendered_serve_command_parses_back_to_the_recipes_arguments(pack, capsys):
-    edit(pack, lambda d: d["serve"]["args"].append({"--override-generation-config": {"note": "it's \"quoted\" $HOME"}}))
+    edit(pack, lambda d: d["serve"]["args"].append({"--override-generation-config": {"note": 'it\'s "quoted" $HOME'}}))
     run(pack, "show")
     text = capsys.readouterr().out
-    command = text[text.index("vllm serve"):].replace("\\\n", " ")
+    command = text[text.index("vllm serve") :].replace("\\\n", " ")
     argv = shlex.split(command.replace('"$COOKBOOK/', '"/opt/gaudi-cookbook/'))
     assert argv[:3] == ["vllm", "serve", "zai-org/GLM-5.3-Flash"]
     assert json.loads(argv[argv.index("--default-chat-template-kwargs") + 1]) == {"reasoning_effort": "high"}
     assert json.loads(argv[argv.index("--limit-mm-per-prompt") + 1]) == {"image": 4}
-    assert json.loads(argv[argv.index("--override-generation-config") + 1]) == {"note": "it's \"quoted\" $HOME"}
+    assert json.loads(argv[argv.index("--override-generation-config") + 1]) == {"note": 'it\'s "quoted" $HOME'}
     assert argv[argv.index("--chat-template") + 1] == f"/opt/gaudi-cookbook/{TEMPLATE_REL}"
     assert argv.count("--enable-expert-parallel") == 1 and argv[argv.index("--max-model-len") + 1] == "262144"
 
@@ -195,7 +220,9 @@ def test_write_readme_replaces_only_the_marked_block(pack, tmp_path):
     readme.write_text(before + "<!-- launch:begin -->\nold block\n<!-- launch:end -->" + after)
     assert run(pack, "show", "--write-readme", str(readme)) == 0
     text = readme.read_text()
-    assert text.startswith(before + "<!-- launch:begin -->\n## Launch\n") and text.endswith("<!-- launch:end -->" + after)
+    assert text.startswith(before + "<!-- launch:begin -->\n## Launch\n") and text.endswith(
+        "<!-- launch:end -->" + after
+    )
     assert "old block" not in text and EXPECTED in text
     assert run(pack, "show", "--write-readme", str(readme)) == 0
     assert readme.read_text() == text  # a second run changes nothing
@@ -223,7 +250,14 @@ def test_write_readme_refuses_broken_markers(pack, tmp_path, capsys):
 def test_check_passes_when_everything_named_exists(pack, capsys):
     assert run(pack, "check") == 0
     out = capsys.readouterr().out
-    for item in ("profile v0.26.0", "port glm-5-3-flash", "fix glm47-streaming-text-markers", "selection", "switch GLM5_NEXT_MHC_SINKHORN", f"path {TEMPLATE_REL}"):
+    for item in (
+        "profile v0.26.0",
+        "port glm-5-3-flash",
+        "fix glm47-streaming-text-markers",
+        "selection",
+        "switch GLM5_NEXT_MHC_SINKHORN",
+        f"path {TEMPLATE_REL}",
+    ):
         assert f"{item}..." in out and "error" not in out
     assert out.rstrip().endswith("all present")
 
@@ -240,19 +274,55 @@ def _set(*keys, value):
 
 BAD = {
     "unknown profile": (_set("profile", value="v0.99.0"), "unknown profile 'v0.99.0'"),
-    "fix not in the profile": (_set("fixes", value=["glm47-streaming-text-markers", "no-such-fix"]), "fix 'no-such-fix' is not in profile v0.26.0"),
-    "default fix named as opt-in": (_set("fixes", value=["async-inputs"]), "fix 'async-inputs' is a default fix of profile v0.26.0, not an opt-in"),
+    "fix not in the profile": (
+        _set("fixes", value=["glm47-streaming-text-markers", "no-such-fix"]),
+        "fix 'no-such-fix' is not in profile v0.26.0",
+    ),
+    "default fix named as opt-in": (
+        _set("fixes", value=["async-inputs"]),
+        "fix 'async-inputs' is a default fix of profile v0.26.0, not an opt-in",
+    ),
     "unknown port": (_set("port", value="no-such-port"), "unknown port 'no-such-port'"),
-    "unknown switch": (_set("switches", "GLM5_NEXT_TURBO", value="1"), "switch GLM5_NEXT_TURBO is not a switch of port glm-5-3-flash"),
-    "switch value not a choice": (_set("switches", "GLM5_NEXT_MHC_SINKHORN", value="cuda"), "switch GLM5_NEXT_MHC_SINKHORN=cuda: 'cuda' is not one of kernel, torch"),
-    "switch value not an integer": (_set("switches", "GLM5_NEXT_DECODE_LAYER_GROUP", value="all"), "switch GLM5_NEXT_DECODE_LAYER_GROUP=all: 'all' is not an integer"),
-    "switch value above its maximum": (_set("switches", "GLM5_NEXT_DECODE_LAYER_GROUP", value="46"), "switch GLM5_NEXT_DECODE_LAYER_GROUP=46: 46 is above the maximum 45"),
-    "switch value not a boolean": (_set("switches", "GLM5_NEXT_VISION", value="2"), "switch GLM5_NEXT_VISION=2: '2' is not a boolean (accepted: 1/0, true/false, yes/no, on/off in any case)"),
-    "switch value not 0 or 1": (_set("switches", "GLM5_NEXT_VISION", value="yes"), "switch GLM5_NEXT_VISION=yes: 'yes': a recipe writes '1'"),
-    "switch value spelled another way": (_set("switches", "GLM5_NEXT_KDA_SCAN", value="on"), "switch GLM5_NEXT_KDA_SCAN=on: 'on': a recipe writes '1'"),
-    "auto where the default is not auto": (_set("switches", "GLM5_NEXT_VISION", value="auto"), "switch GLM5_NEXT_VISION=auto: 'auto' is not a boolean"),
-    "port switch hidden in env": (_set("env", "GLM5_NEXT_EXTRA", value="1"), "env.GLM5_NEXT_EXTRA looks like a switch of port glm-5-3-flash"),
-    "missing chat template": (_set("serve", "args", 16, value={"--chat-template": "$COOKBOOK/ports/glm-5-3-flash/serving/nope.jinja"}), "serve.args --chat-template names $COOKBOOK/ports/glm-5-3-flash/serving/nope.jinja, which does not exist"),
+    "unknown switch": (
+        _set("switches", "GLM5_NEXT_TURBO", value="1"),
+        "switch GLM5_NEXT_TURBO is not a switch of port glm-5-3-flash",
+    ),
+    "switch value not a choice": (
+        _set("switches", "GLM5_NEXT_MHC_SINKHORN", value="cuda"),
+        "switch GLM5_NEXT_MHC_SINKHORN=cuda: 'cuda' is not one of kernel, torch",
+    ),
+    "switch value not an integer": (
+        _set("switches", "GLM5_NEXT_DECODE_LAYER_GROUP", value="all"),
+        "switch GLM5_NEXT_DECODE_LAYER_GROUP=all: 'all' is not an integer",
+    ),
+    "switch value above its maximum": (
+        _set("switches", "GLM5_NEXT_DECODE_LAYER_GROUP", value="46"),
+        "switch GLM5_NEXT_DECODE_LAYER_GROUP=46: 46 is above the maximum 45",
+    ),
+    "switch value not a boolean": (
+        _set("switches", "GLM5_NEXT_VISION", value="2"),
+        "switch GLM5_NEXT_VISION=2: '2' is not a boolean (accepted: 1/0, true/false, yes/no, on/off in any case)",
+    ),
+    "switch value not 0 or 1": (
+        _set("switches", "GLM5_NEXT_VISION", value="yes"),
+        "switch GLM5_NEXT_VISION=yes: 'yes': a recipe writes '1'",
+    ),
+    "switch value spelled another way": (
+        _set("switches", "GLM5_NEXT_KDA_SCAN", value="on"),
+        "switch GLM5_NEXT_KDA_SCAN=on: 'on': a recipe writes '1'",
+    ),
+    "auto where the default is not auto": (
+        _set("switches", "GLM5_NEXT_VISION", value="auto"),
+        "switch GLM5_NEXT_VISION=auto: 'auto' is not a boolean",
+    ),
+    "port switch hidden in env": (
+        _set("env", "GLM5_NEXT_EXTRA", value="1"),
+        "env.GLM5_NEXT_EXTRA looks like a switch of port glm-5-3-flash",
+    ),
+    "missing chat template": (
+        _set("serve", "args", 16, value={"--chat-template": "$COOKBOOK/ports/glm-5-3-flash/serving/nope.jinja"}),
+        "serve.args --chat-template names $COOKBOOK/ports/glm-5-3-flash/serving/nope.jinja, which does not exist",
+    ),
 }
 
 
@@ -364,9 +434,16 @@ def test_port_rules_run_only_through_the_hook_port_yaml_declares(pack, capsys):
     [
         ({"recipe_checks": "x.y"}, None, "unknown hook(s) recipe_checks (known: recipe_rules)"),
         ({"recipe_rules": "not a module"}, None, "hooks.recipe_rules: 'not a module' is not a module name"),
-        ({"recipe_rules": "{pkg}.nowhere"}, None, "hooks.recipe_rules: cannot import {pkg}.nowhere: ModuleNotFoundError"),
-        ({"recipe_rules": "{pkg}.serving_rules"}, "def recipe_problems(data):\n    return []\n",
-         "hooks.recipe_rules: module {pkg}.serving_rules lacks missing_file_note (RecipeRules)"),
+        (
+            {"recipe_rules": "{pkg}.nowhere"},
+            None,
+            "hooks.recipe_rules: cannot import {pkg}.nowhere: ModuleNotFoundError",
+        ),
+        (
+            {"recipe_rules": "{pkg}.serving_rules"},
+            "def recipe_problems(data):\n    return []\n",
+            "hooks.recipe_rules: module {pkg}.serving_rules lacks missing_file_note (RecipeRules)",
+        ),
     ],
     ids=["unknown hook", "not a module name", "no such module", "module without the protocol"],
 )
@@ -387,12 +464,27 @@ SCHEMA_BAD = {
     "unknown top-level key": (_set("extra", value=1), "unknown key 'extra'"),
     "unknown serve key": (_set("serve", "entrypoint", value="x"), "serve: unknown key 'entrypoint'"),
     "missing profile": (lambda d: d.pop("profile"), "missing key 'profile'"),
-    "boolean env value": (_set("env", "VLLM_SKIP_WARMUP", value=True), "env.VLLM_SKIP_WARMUP: value must be a string or an integer, found a boolean"),
-    "two flags in one mapping": (_set("serve", "args", 0, value={"--a": 1, "--b": 2}), "serve.args[0]: a mapping holds one '--flag: value', found 2 keys"),
-    "flag given twice": (lambda d: d["serve"]["args"].append("--enable-expert-parallel"), "--enable-expert-parallel is given twice"),
-    "flag with a null value": (_set("serve", "args", 1, value={"--enable-expert-parallel": None}), "write a bare flag as the string '--enable-expert-parallel'"),
+    "boolean env value": (
+        _set("env", "VLLM_SKIP_WARMUP", value=True),
+        "env.VLLM_SKIP_WARMUP: value must be a string or an integer, found a boolean",
+    ),
+    "two flags in one mapping": (
+        _set("serve", "args", 0, value={"--a": 1, "--b": 2}),
+        "serve.args[0]: a mapping holds one '--flag: value', found 2 keys",
+    ),
+    "flag given twice": (
+        lambda d: d["serve"]["args"].append("--enable-expert-parallel"),
+        "--enable-expert-parallel is given twice",
+    ),
+    "flag with a null value": (
+        _set("serve", "args", 1, value={"--enable-expert-parallel": None}),
+        "write a bare flag as the string '--enable-expert-parallel'",
+    ),
     "not a long option": (_set("serve", "args", 1, value="-x"), "'-x' is not a long option"),
-    "path leaving the repository": (_set("serve", "args", 16, value={"--chat-template": "$COOKBOOK/../etc/passwd"}), "contains '..'"),
+    "path leaving the repository": (
+        _set("serve", "args", 16, value={"--chat-template": "$COOKBOOK/../etc/passwd"}),
+        "contains '..'",
+    ),
     "model not org/name": (_set("model", value="GLM"), "expected <org>/<name>"),
     "switches without a port": (_set("port", value=None), "key 'switches' needs key 'port'"),
 }
@@ -413,11 +505,21 @@ def test_recipe_is_required_when_there_are_several(pack, capsys):
     other.parent.mkdir(parents=True)
     shutil.copy(recipe_of(pack), other)
     assert run(pack, "show") == 2
-    assert "--recipe is required (recipes: recipes/zai-org/GLM-5.3-Flash/recipe.yaml, recipes/zai-org/Other/recipe.yaml)" in capsys.readouterr().err
+    assert (
+        "--recipe is required (recipes: recipes/zai-org/GLM-5.3-Flash/recipe.yaml, recipes/zai-org/Other/recipe.yaml)"
+        in capsys.readouterr().err
+    )
 
 
 # --------------------------------------------------------------------------- the chat template
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def render(messages, **kw):
@@ -427,20 +529,34 @@ def render(messages, **kw):
     import jinja2.ext  # noqa: F811  (the submodule: importorskip gave the package)
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], undefined=jinja2.Undefined)
-    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], undefined=jinja2.Undefined
+    )
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
     return env.from_string(TEMPLATE.read_text()).render(messages=messages, **kw)
 
 
 def test_template_header_says_what_it_is():
     head = TEMPLATE.read_text().split("-#}", 1)[0]
-    assert head.startswith("{#-") and "GLM-5.3-Flash serving chat template" in head and "not copied from the checkpoint" in head
+    assert (
+        head.startswith("{#-")
+        and "GLM-5.3-Flash serving chat template" in head
+        and "not copied from the checkpoint" in head
+    )
 
 
 def test_template_renders_text_turns_with_glm_roles():
     out = render(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}],
-        add_generation_prompt=True, reasoning_effort="high",
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Bye"},
+        ],
+        add_generation_prompt=True,
+        reasoning_effort="high",
     )
     assert out == (
         "[gMASK]<sop><|system|>\nReasoning effort: high<|system|>\nBe brief.<|user|>\nHi"
@@ -448,7 +564,9 @@ def test_template_renders_text_turns_with_glm_roles():
     )
 
 
-@pytest.mark.parametrize("effort,shown", [("low", "low"), ("high", "high"), ("medium", "max"), ("max", "max"), (None, "max")])
+@pytest.mark.parametrize(
+    "effort,shown", [("low", "low"), ("high", "high"), ("medium", "max"), ("max", "max"), (None, "max")]
+)
 def test_template_treats_any_effort_but_low_or_high_as_max(effort, shown):
     kw = {} if effort is None else {"reasoning_effort": effort}
     assert f"Reasoning effort: {shown}<|user|>" in render([{"role": "user", "content": "x"}], **kw)
@@ -457,10 +575,19 @@ def test_template_treats_any_effort_but_low_or_high_as_max(effort, shown):
 def test_template_renders_tools_calls_and_grouped_responses():
     msgs = [
         {"role": "user", "content": "Weather in Paris and Oslo?"},
-        {"role": "assistant", "content": "", "reasoning_content": "two calls", "tool_calls": [
-            {"id": "1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
-            {"id": "2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}},
-        ]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "two calls",
+            "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                {
+                    "id": "2",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}},
+                },
+            ],
+        },
         {"role": "tool", "tool_call_id": "1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "2", "content": "rain"},
     ]
@@ -478,7 +605,13 @@ def test_template_renders_tools_calls_and_grouped_responses():
 
 def test_template_places_one_placeholder_per_image_where_it_stands():
     image = "<|begin_of_image|><|image|><|end_of_image|>"
-    content = [{"type": "text", "text": "Before."}, {"type": "image_url", "image_url": {"url": "data:"}}, {"type": "text", "text": "Between."}, {"type": "image"}, {"type": "text", "text": "After."}]
+    content = [
+        {"type": "text", "text": "Before."},
+        {"type": "image_url", "image_url": {"url": "data:"}},
+        {"type": "text", "text": "Between."},
+        {"type": "image"},
+        {"type": "text", "text": "After."},
+    ]
     out = render([{"role": "user", "content": content}], add_generation_prompt=True)
     assert f"<|user|>\nBefore.{image}Between.{image}After.<|assistant|>" in out
     assert out.count("<|image|>") == 2
@@ -488,10 +621,16 @@ def test_template_renders_through_transformers_as_vllm_does():
     cu = pytest.importorskip("transformers.utils.chat_template_utils")
     out, _ = cu.render_jinja_template(
         conversations=[[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}]],
-        tools=[WEATHER], chat_template=TEMPLATE.read_text(), add_generation_prompt=True, reasoning_effort="low",
+        tools=[WEATHER],
+        chat_template=TEMPLATE.read_text(),
+        add_generation_prompt=True,
+        reasoning_effort="low",
     )
     (text,) = out
-    assert "<|system|>\nReasoning effort: low<|user|>\n<|begin_of_image|><|image|><|end_of_image|>Colour?<|assistant|><think>" in text
+    assert (
+        "<|system|>\nReasoning effort: low<|user|>\n<|begin_of_image|><|image|><|end_of_image|>Colour?<|assistant|><think>"
+        in text
+    )
     assert '"name": "get_weather"' in text
 
 
@@ -506,9 +645,13 @@ def test_template_reads_content_parts_in_the_messages_loop_as_vllm_detects_them(
     loops = list(ast.find_all(jinja2.nodes.For))
     message_vars = {f.target.name for f in loops if isinstance(f.iter, jinja2.nodes.Name) and f.iter.name == "messages"}
     content_loops = [
-        f for f in loops
-        if isinstance(f.iter, jinja2.nodes.Getitem) and isinstance(f.iter.node, jinja2.nodes.Name)
-        and f.iter.node.name in message_vars and isinstance(f.iter.arg, jinja2.nodes.Const) and f.iter.arg.value == "content"
+        f
+        for f in loops
+        if isinstance(f.iter, jinja2.nodes.Getitem)
+        and isinstance(f.iter.node, jinja2.nodes.Name)
+        and f.iter.node.name in message_vars
+        and isinstance(f.iter.arg, jinja2.nodes.Const)
+        and f.iter.arg.value == "content"
     ]
     assert message_vars == {"message"} and len(content_loops) == 1
 
@@ -518,8 +661,12 @@ def test_port_readme_launch_block_is_the_one_the_recipe_renders(tmp_path):
     `fixpack recipe show --write-readme ports/glm-5-3-flash/README.md`."""
     readme = REPO / "ports" / "glm-5-3-flash" / "README.md"
     text = readme.read_text()
-    assert text.count("<!-- launch:begin -->") == 1, "no launch block; run fixpack recipe show --write-readme ports/glm-5-3-flash/README.md"
+    assert text.count("<!-- launch:begin -->") == 1, (
+        "no launch block; run fixpack recipe show --write-readme ports/glm-5-3-flash/README.md"
+    )
     copy = tmp_path / "README.md"
     copy.write_text(text)
     assert main(["recipe", "show", "--recipe", str(RECIPE), "--pack", str(REPO), "--write-readme", str(copy)]) == 0
-    assert copy.read_text().replace(str(copy), "ports/glm-5-3-flash/README.md") == text, "stale launch block; run fixpack recipe show --write-readme ports/glm-5-3-flash/README.md"
+    assert copy.read_text().replace(str(copy), "ports/glm-5-3-flash/README.md") == text, (
+        "stale launch block; run fixpack recipe show --write-readme ports/glm-5-3-flash/README.md"
+    )
