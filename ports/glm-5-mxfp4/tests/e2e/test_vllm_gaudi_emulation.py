@@ -138,26 +138,56 @@ def constant_draft(ckpt, tmp_path_factory):
     return fixed_draft(ckpt[1], tmp_path_factory)
 
 
-def fixed_draft(dst: Path, tmp_path_factory, unit: int | None = None) -> Path:
-    """A copy of the converted checkpoint ``dst`` whose MTP draft is fixed; only the MTP layer's
-    shared-head norm differs. Without ``unit``: the norm zeroed, so the draft's logits are all 0
-    and its draft is always token 0 (the first of equal maxima). With ``unit`` k: the norm keeps
-    hidden unit k only, so the draft's logits are column k of the target's lm_head times one
-    number (vLLM's proposer puts the target's lm_head in the MTP layer's shared_head.head), and
-    the draft is that column's largest or smallest token, by the sign of the unit."""
+def fixed_draft(dst: Path, tmp_path_factory) -> Path:
+    """A copy of the converted checkpoint ``dst`` with the MTP layer's shared-head norm zeroed: its
+    logits are all 0, so its draft is always token 0 (the first of equal maxima). Only the MTP
+    layer differs."""
+
+    def zero_norm(tensors: dict, mtp: str) -> None:
+        norm = f"{mtp}.shared_head.norm.weight"
+        tensors[norm] = torch.zeros_like(tensors[norm])
+
+    return edited_mtp(dst, tmp_path_factory, zero_norm)
+
+
+def repeating_draft(dst: Path, tmp_path_factory) -> Path:
+    """A copy of the converted checkpoint ``dst`` whose MTP draft is the target's own greedy token
+    at the position before, that is the token just generated: eh_proj passes the target's hidden
+    state through (the embedding half zeroed, the other half the identity), and the MTP block adds
+    nothing to it (attention's o_proj, the shared expert's and every routed expert's down
+    projection zero: MXFP4 code 0 is +0), so the draft's logits are the target's lm_head on that
+    hidden state renormed (both norms' weights are ones in the tiny model). Drafts of a token that
+    repeats are accepted, others rejected."""
+
+    def pass_through(tensors: dict, mtp: str) -> None:
+        eh = f"{mtp}.eh_proj.weight"
+        h = tensors[eh].shape[0]
+        tensors[eh] = torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1).to(tensors[eh].dtype)
+        for name in tensors:
+            if name.endswith(("self_attn.o_proj.weight", "down_proj.weight")):
+                tensors[name] = torch.zeros_like(tensors[name])
+
+    return edited_mtp(dst, tmp_path_factory, pass_through)
+
+
+def edited_mtp(dst: Path, tmp_path_factory, edit) -> Path:
+    """A copy of the converted checkpoint ``dst`` with ``edit(tensors, prefix)`` applied to the MTP
+    layer's tensors (``prefix`` = model.layers.N, N = num_hidden_layers), each shard rewritten."""
     from safetensors.torch import load_file, save_file
 
-    out = tmp_path_factory.mktemp("draft0") / "GLM-tiny-MXFP4"
+    out = tmp_path_factory.mktemp("draft") / "GLM-tiny-MXFP4"
     subprocess.run(["cp", "-r", f"{dst}/.", str(out)], check=True)
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
-    layers = json.loads((out / "config.json").read_text())["num_hidden_layers"]
-    key = f"model.layers.{layers}.shared_head.norm.weight"
-    shard = out / index[key]
-    tensors = load_file(str(shard))
-    tensors[key] = torch.zeros_like(tensors[key])
-    if unit is not None:
-        tensors[key][unit] = 1
-    save_file(tensors, str(shard), metadata={"format": "pt"})
+    mtp = f"model.layers.{json.loads((out / 'config.json').read_text())['num_hidden_layers']}"
+    shards = sorted({shard for key, shard in index.items() if key.startswith(mtp + ".")})
+    tensors = {k: v for shard in shards for k, v in load_file(str(out / shard)).items() if k.startswith(mtp + ".")}
+    before = {k: v.clone() for k, v in tensors.items()}
+    edit(tensors, mtp)
+    assert any(not torch.equal(tensors[k], before[k]) for k in tensors), "the edit changed nothing"
+    for shard in shards:
+        own = load_file(str(out / shard))
+        own.update({k: v for k, v in tensors.items() if index[k] == shard})
+        save_file(own, str(out / shard), metadata={"format": "pt"})
     return out
 
 
@@ -324,6 +354,17 @@ def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(mtp, reference)
     result = mtp
     reference.check_divergence(result["batched"], TIE)
     reference.check_divergence(result["alone"], TIE)
+    check_mtp_outputs(result)
+    decode = [s for s in result["steps"] if s["label"].startswith("decode")]
+    assert decode and all(s["syncs_in_graph"] == [] for s in decode), decode
+
+
+def check_mtp_outputs(result) -> tuple[int, int]:
+    """What a run with ``MTP``'s options shows beside its greedy tokens: the top-5 logprobs of each
+    greedy token complete and finite, the greedy token the most likely; the prompts again at
+    temperature 1, each request seeded, complete, not the greedy tokens, and the same when run
+    again; vLLM's speculative counters report drafts, some accepted and some not. Returns (drafts,
+    accepted)."""
     assert len(result["logprobs"]) == len(PROMPTS)
     for tokens, steps in zip(result["batched"], result["logprobs"], strict=True):
         assert len(steps) == NEW_TOKENS
@@ -339,8 +380,7 @@ def test_mtp_drafts_accepted_and_rejected_keep_the_greedy_tokens(mtp, reference)
     drafts = counts.get("vllm:spec_decode_num_draft_tokens", 0)
     accepted = counts.get("vllm:spec_decode_num_accepted_tokens", 0)
     assert drafts > 0 and 0 < accepted < drafts, counts
-    decode = [s for s in result["steps"] if s["label"].startswith("decode")]
-    assert decode and all(s["syncs_in_graph"] == [] for s in decode), decode
+    return drafts, accepted
 
 
 def _rejection_reads(result):
