@@ -605,12 +605,13 @@ def _rerun_and_revert(engine: Engine, steps: list[Step], tree: Path, manifest: d
             pkg, sub = rel.split("/", 1)
             if sha256_file(tree / rel) != manifest[pkg][sub]:
                 drift.append(rel)
+    rerun_detail = {
+        True: "second apply is a no-op",
+        None: "n/a (partial chain)",
+        False: "a second apply is not a no-op: the fast path does not find the chain applied",
+    }[rerun_noop]
     return [
-        {
-            "fix": "(re-run)",
-            "result": "ok" if rerun_noop in (True, None) else "FAILED",
-            "detail": "second apply is a no-op" if rerun_noop else "n/a (partial chain)",
-        },
+        {"fix": "(re-run)", "result": "ok" if rerun_noop in (True, None) else "FAILED", "detail": rerun_detail},
         {
             "fix": "(revert --all)",
             "result": "ok" if not drift else "FAILED",
