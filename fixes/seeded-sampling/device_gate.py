@@ -1,6 +1,6 @@
 """Device gate for the unconfirmed half of seeded-sampling (runs on a Gaudi card only).
 
-Not run by the CPU tests (its verdict is: tests/test_device_gates.py).
+Not run by the CPU tests (its verdict is: tests/integration/test_device_gates.py).
 
 The write-up names a segfault of seeded requests on tensor-parallel workers. In the pinned
 source a seeded request gets torch.Generator(device="hpu") (HPUModelRunner._update_states),
