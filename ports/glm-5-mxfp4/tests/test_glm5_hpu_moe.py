@@ -92,6 +92,20 @@ def _reference_moe(cfg, dtype, seed=0, bias_scale=0.05):
     return moe
 
 
+def _route(moe, x, top_k=4):
+    """The reference routing of ``x`` through ``moe``'s gate (one group, normalised, scale 2.5)."""
+    return route(
+        x,
+        moe.gate.weight.detach(),
+        moe.gate.e_score_correction_bias,
+        top_k=top_k,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    )
+
+
 def _converted(moe, prefix="model.layers.1.mlp"):
     """The converter's keys for this layer: routed experts quantized by its kernel (even mode),
     everything else as stored; and the reference module given the same dequantized experts."""
@@ -215,16 +229,7 @@ def test_an_expert_group_holds_only_its_experts_and_the_groups_sum_to_the_layer(
     moe = _reference_moe(cfg, torch.float32)
     ckpt = _converted(moe)
     x = torch.randn(40, cfg.hidden_size)
-    w, ids = route(
-        x,
-        moe.gate.weight,
-        moe.gate.e_score_correction_bias,
-        top_k=4,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
-    )
+    w, ids = _route(moe, x)
     whole = MxfpExperts.from_checkpoint(ckpt, "model.layers.1.mlp", range(16)).forward(x, ids, w)
     parts = [
         MxfpExperts.from_checkpoint(

@@ -11,8 +11,8 @@ import torch
 
 from glm5_hpu import placement
 from glm5_hpu.hpu_moe import PlacedMoEOp, group_layout, placed_loader
-from glm5_hpu.moe_mxfp4 import MxfpExperts, route
-from test_glm5_hpu_moe import _cfg, _converted, _reference_moe
+from glm5_hpu.moe_mxfp4 import MxfpExperts
+from test_glm5_hpu_moe import _cfg, _converted, _reference_moe, _route
 
 
 @dataclasses.dataclass
@@ -76,16 +76,7 @@ def test_the_cards_of_the_layout_add_up_to_the_whole_layer_once(world, moe_tp):
     ckpt, prefix = _converted(moe), "model.layers.1.mlp"
     order = torch.randperm(16, generator=torch.Generator().manual_seed(world + moe_tp)).tolist()
     x = torch.randn(24, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
-    w, ids = route(
-        x,
-        moe.gate.weight.detach(),
-        moe.gate.e_score_correction_bias,
-        top_k=4,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
-    )
+    w, ids = _route(moe, x)
     whole = MxfpExperts.from_checkpoint(ckpt, prefix, range(16)).forward(x, ids, w)
     total, held = torch.zeros_like(whole), []
     for rank in range(world):
@@ -102,16 +93,7 @@ def test_negative_control_both_cards_of_a_group_on_the_same_slice_do_not_add_up(
     moe = _reference_moe(cfg, torch.float32)
     ckpt, prefix = _converted(moe), "model.layers.1.mlp"
     x = torch.randn(24, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
-    w, ids = route(
-        x,
-        moe.gate.weight.detach(),
-        moe.gate.e_score_correction_bias,
-        top_k=4,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
-    )
+    w, ids = _route(moe, x)
     whole = MxfpExperts.from_checkpoint(ckpt, prefix, range(16)).forward(x, ids, w)
     wrong = sum(
         _card(ckpt, prefix, dataclasses.replace(group_layout(Parallel(r, 4), 2), tp_rank=0), list(range(16))).forward(
@@ -184,16 +166,7 @@ def test_placed_moe_is_the_same_moe_bit_for_bit_at_top_2():
             return stored.forward(hidden_states, expert_routing_table.long(), router_weights)
 
     x = torch.randn(20, cfg.hidden_size).to(torch.bfloat16)
-    w, ids = route(
-        x,
-        moe.gate.weight.detach(),
-        moe.gate.e_score_correction_bias,
-        top_k=2,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
-    )
+    w, ids = _route(moe, x, top_k=2)
     w = w.to(torch.bfloat16)
     want = plain.forward(x, ids, w)
     assert torch.equal(PlacedMoEOp(SlotOp(), placement.slots(order), "cpu")(x, ids.to(torch.int32), w), want)

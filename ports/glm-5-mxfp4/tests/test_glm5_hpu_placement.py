@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from glm5_hpu import placement
-from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts, route
+from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts
 from glm5_hpu.placement import FORMAT, PlacementError
 from glm5_hpu.switches import read_switches
-from test_glm5_hpu_moe import _cfg, _converted, _reference_moe
+from test_glm5_hpu_moe import _cfg, _converted, _reference_moe, _route
 
 
 def _model_cfg(n_experts=16, mtp=1):
@@ -154,16 +154,7 @@ def test_eight_cards_at_glm_moe_tp_2_hold_a_quarter_of_the_experts_each_half_wid
     ckpt = _converted(moe)
     p = placement.load(_write(tmp_path, _valid(16, layers=(1,), seed=5)), cfg)
     x = torch.randn(40, cfg.hidden_size)
-    w, ids = route(
-        x,
-        moe.gate.weight.detach(),
-        moe.gate.e_score_correction_bias,
-        top_k=4,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
-    )
+    w, ids = _route(moe, x)
     prefix = "model.layers.1.mlp"
     whole = MxfpExperts.from_checkpoint(ckpt, prefix, range(16)).forward(x, ids, w)
     total, held = torch.zeros_like(whole), []
