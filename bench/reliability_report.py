@@ -3,7 +3,7 @@
 
     .venv/bin/python -m bench.reliability_report [--sample N] [--jobs 2] [--json FILE]
 
-(from the repository root: `-m` puts it on sys.path, so the testing helpers import as a package)
+(from the repository root: `-m` puts it on sys.path, so the test helpers, packtests, import as a package)
 
 1. kill sweeps: SIGKILL `fixpack apply` at every write point (FIXPACK_CRASH_AT) of a full
    run of the real v0.26.0 profile on its release tree, and of a larger synthetic chain
@@ -14,8 +14,8 @@
    scenarios (full tmpfs, read-only mount, chattr +i, targets swapped mid-run, state record
    and journal lost or corrupted, backups lost, lock held, ...).
 3. concurrency: 8 runs at once, apply against revert, a lock holder killed.
-4. hostile input: every case of testing/hostile_cases.py.
-5. sandbox: every escape of testing/sandbox_cases.py (a fix's process writing outside its
+4. hostile input: every case of packtests/hostile_cases.py.
+5. sandbox: every escape of packtests/sandbox_cases.py (a fix's process writing outside its
    targets, or using a privilege or another process, through libc, which the audit hook cannot
    see), once under Landlock (refused by the kernel) and once with Landlock forced off (caught
    and undone by the driver's snapshot, or refused: no capabilities, the privileged-call filter).
@@ -38,9 +38,9 @@ import time
 import traceback
 from pathlib import Path
 
-from testing import hostile_cases as H
-from testing import reliability_lib as L
-from testing import sandbox_cases as S
+from packtests import hostile_cases as H
+from packtests import reliability_lib as L
+from packtests import sandbox_cases as S
 
 HERE = Path(__file__).resolve().parent
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from testing import builders as B
-from testing import reliability_lib as L
+from packtests import builders as B
+from packtests import reliability_lib as L
 
 
 def _edit(root: Path, *args: str):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testing import builders as B
+from packtests import builders as B
 
 REPO = B.REPO
 

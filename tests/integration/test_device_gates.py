@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from testing.builders import REPO
+from packtests.builders import REPO
 
 
 def load(rel: str):

@@ -6,7 +6,7 @@ import json
 import os
 import stat
 
-from testing.builders import (
+from packtests.builders import (
     DIFF_ONE,
     MOD_A,
     OTHER,
@@ -85,7 +85,7 @@ def test_fast_path_imports_neither_libcst_nor_gitpython_nor_the_engine(pack):
     import subprocess
     import sys
 
-    from testing.builders import REPO
+    from packtests.builders import REPO
 
     code = (
         "import runpy, sys\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fixpack.sandbox.forkserver import ForkServer, ServerDied
-from testing.builders import REPO
+from packtests.builders import REPO
 
 SRC = "def f():\n    return 1\n"
 

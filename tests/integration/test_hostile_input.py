@@ -1,13 +1,13 @@
 """Hostile and malformed input: every case is refused with its exit code and a message that
 names the problem, and nothing in the tree (or outside it) changes. The cases live in
-testing/hostile_cases.py, shared with bench/reliability_report.py."""
+packtests/hostile_cases.py, shared with bench/reliability_report.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from testing.builders import DIFF_OPT, fixpack, make_pack, new_tree, tree_digest, write_lock
-from testing.hostile_cases import CASES, run_case
+from packtests.builders import DIFF_OPT, fixpack, make_pack, new_tree, tree_digest, write_lock
+from packtests.hostile_cases import CASES, run_case
 
 
 def test_there_are_at_least_40_distinct_cases():
@@ -22,7 +22,7 @@ def test_hostile_input_is_refused(case, tmp_path):
 def test_crlf_file_and_crlf_patch_apply_byte_exact(tmp_path):
     """CRLF is kept byte for byte: a CRLF target with a CRLF diff applies, reverts exactly."""
     root = make_pack(tmp_path / "pack")
-    from testing.builders import write_tree
+    from packtests.builders import write_tree
 
     src = write_tree(root / "pristine")
     (src / "pkg_b" / "x.py").write_bytes(b"alpha\r\nbeta\r\ngamma\r\n")
@@ -39,7 +39,7 @@ def test_crlf_file_and_crlf_patch_apply_byte_exact(tmp_path):
 
 def test_a_hunk_whose_text_occurs_twice_changes_only_the_line_it_names(tmp_path):
     root = make_pack(tmp_path / "pack")
-    from testing.builders import write_tree
+    from packtests.builders import write_tree
 
     src = write_tree(root / "pristine")
     (src / "pkg_b" / "x.py").write_text("alpha\nbeta\ngamma\nalpha\nbeta\ngamma\n")

@@ -14,10 +14,10 @@ import stat
 
 import pytest
 
-from testing import builders as B
-from testing import reliability_lib as L
-from testing.hostile_cases import Ctx
-from testing.sandbox_cases import PRELUDE, landlock_here
+from packtests import builders as B
+from packtests import reliability_lib as L
+from packtests.hostile_cases import Ctx
+from packtests.sandbox_cases import PRELUDE, landlock_here
 
 MSG = "{path}: a parent was replaced during the run; nothing was restored through it"
 

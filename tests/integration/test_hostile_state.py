@@ -17,8 +17,8 @@ import pytest
 
 from fixpack.apply.state import Journal, StateRecord, Step
 from fixpack.apply.store import Store
-from testing import builders as B
-from testing import reliability_lib as L
+from packtests import builders as B
+from packtests import reliability_lib as L
 
 MODES = ["auto", "hook"]
 

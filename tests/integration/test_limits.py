@@ -12,10 +12,10 @@ import pytest
 
 from fixpack.errors import ConfigError
 from fixpack.sandbox import limits
-from testing import builders as B
-from testing import reliability_lib as L
-from testing.hostile_cases import Ctx
-from testing.sandbox_cases import PRELUDE
+from packtests import builders as B
+from packtests import reliability_lib as L
+from packtests.hostile_cases import Ctx
+from packtests.sandbox_cases import PRELUDE
 from tests.integration.test_forkserver import job, result, server  # noqa: F401 - the fixture
 
 

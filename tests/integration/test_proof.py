@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from testing.builders import write_fix, write_tree
+from packtests.builders import write_fix, write_tree
 
 TESTS = textwrap.dedent(
     '''

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from testing import reliability_lib as L
+from packtests import reliability_lib as L
 
 SCENARIOS = dict(L.concurrency_scenarios())
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from testing import reliability_lib as L
-from testing.builders import fixpack
+from packtests import reliability_lib as L
+from packtests.builders import fixpack
 
 KINDS = {"staged object", "renamed object", "staged journal.json", "renamed journal.json", "journal written", "staged target",
          "renamed target", "staged state.json", "renamed state.json", "state written", "journal removed"}

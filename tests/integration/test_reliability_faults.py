@@ -5,10 +5,10 @@ with no target changed, or with an exact recovery.
 
 How the faults are made (we run as root, which ignores file modes):
 - full disk: a real 1 MiB tmpfs filled up (mount), and ENOSPC injected at the N-th file write
-  (testing/faultwrap.py patches os.write in the fixpack process);
+  (packtests/faultwrap.py patches os.write in the fixpack process);
 - read-only: a read-only bind mount of the tree, and EROFS injected;
 - permission denied: `chattr +i` on one target, and EACCES injected;
-- swaps mid-run: testing/faultwrap.py acts at a named write point of the run.
+- swaps mid-run: packtests/faultwrap.py acts at a named write point of the run.
 Scenarios that need mount or chattr skip where those are not permitted.
 """
 
@@ -18,7 +18,7 @@ import errno
 
 import pytest
 
-from testing import reliability_lib as L
+from packtests import reliability_lib as L
 
 SCENARIOS = dict(L.fault_scenarios())
 # The default run: one of each class; `-m slow` runs the rest (bench/reliability_report.py runs all).

@@ -1,5 +1,5 @@
 """A fix's process is kept inside its staging folder by the kernel, and caught by the driver
-when the kernel cannot keep it there (testing/sandbox_cases.py has the cases)."""
+when the kernel cannot keep it there (packtests/sandbox_cases.py has the cases)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from testing import builders as B
-from testing import reliability_lib as L
-from testing.sandbox_cases import ESCAPES, landlock_here, run_escape
+from packtests import builders as B
+from packtests import reliability_lib as L
+from packtests.sandbox_cases import ESCAPES, landlock_here, run_escape
 
 NO_LANDLOCK = landlock_here()
 
@@ -139,7 +139,7 @@ def test_required_landlock_that_is_missing_fails_the_fix(tmp_path):
 def test_the_hook_alone_refuses_the_python_level_ways(body, msg, tmp_path):
     """With Landlock forced off the audit hook still refuses these before the system call."""
     root, tree = L.copy_pack("codemod-first", tmp_path)
-    from testing.hostile_cases import Ctx
+    from packtests.hostile_cases import Ctx
 
     Ctx(root, tree, tmp_path, tmp_path / "m").codemod(body + "\nreturn node")
     B.forge_lock(root, "fix-two")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from fixpack.cli.main import main
-from testing.builders import make_pack, pristine_source, write_lock
+from packtests.builders import make_pack, pristine_source, write_lock
 
 SOURCES = {
     "pkg_a": {"kind": "wheel", "distribution": "pkg-a", "version": "1.0"},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from testing.builders import fixpack, make_pack, write_fix
+from packtests.builders import fixpack, make_pack, write_fix
 
 
 def test_a_valid_pack_validates(tmp_path):

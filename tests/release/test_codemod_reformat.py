@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.builders import REPO
+from packtests.builders import REPO
 
 pytestmark = pytest.mark.release
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from testing.builders import REPO
-from testing.recipes import rendered, seed_page
+from packtests.builders import REPO
+from packtests.recipes import rendered, seed_page
 
 PORT = "glm-5-3-flash"
 
@@ -135,7 +135,7 @@ def test_the_v030_line_stops_the_launch_while_vllm_gaudi_has_development_pins_on
 @pytest.fixture(scope="module")
 def pinned_030(tmp_path_factory):
     """(scratch pack pinning a stand-in for releases/v0.30.0, environment for fixpack there)."""
-    from testing.builders import stand_in_v030_pack
+    from packtests.builders import stand_in_v030_pack
 
     tmp = tmp_path_factory.mktemp("pinned030")
     if _fixpack("sources", "tree", str(tmp / "dev"), "--profile", "v0.30.0").returncode != 0:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from testing.builders import REPO, apply_all, fixpack
+from packtests.builders import REPO, apply_all, fixpack
 
 pytestmark = pytest.mark.release
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from test_real_release import proof_holds
 
-from testing.builders import REPO, fixpack
+from packtests.builders import REPO, fixpack
 
 pytestmark = pytest.mark.release
 

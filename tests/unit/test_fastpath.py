@@ -9,7 +9,7 @@ import pytest
 
 from fixpack.apply import fastpath, locations, targets
 from fixpack.pack.pack import Pack
-from testing.builders import fixpack
+from packtests.builders import fixpack
 
 
 @pytest.fixture()
@@ -125,7 +125,7 @@ def test_an_image_applied_with_the_old_layout_is_still_recognised_after_the_relo
     """An image whose state record names a fix's hash from before the layout change: the lock,
     re-made with the same pins, keeps that hash as `earlier`, so the container-start check, the
     full engine's apply and `fixpack verify` all see the image as applied, and nothing is rewritten."""
-    from testing.builders import write_lock
+    from packtests.builders import write_lock
 
     root, tree = applied
     state_before = (tree / ".fixpack" / "state.json").read_bytes()
@@ -147,7 +147,7 @@ def test_an_image_applied_with_the_old_layout_is_still_recognised_after_the_relo
 def test_without_the_earlier_hash_the_old_image_is_re_applied_to_the_same_pins(applied):
     """A lock made from scratch (no previous lock to carry from) does not know the old hash: the
     image is not taken as applied, and `fixpack apply` re-applies it to exactly the same bytes."""
-    from testing.builders import write_lock
+    from packtests.builders import write_lock
 
     root, tree = applied
     files = {p: p.read_bytes() for p in (tree / "pkg_a").rglob("*.py")}

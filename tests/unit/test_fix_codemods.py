@@ -5,7 +5,7 @@ the reformatted release."""
 
 from __future__ import annotations
 
-from testing.codemods import assert_codemod
+from packtests.codemods import assert_codemod
 
 
 def test_hybrid_no_prefill_merge_guards_the_top_of_the_function():

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from fixpack.sandbox import landlock, privilege, seccomp
-from testing.sandbox_cases import landlock_here
+from packtests.sandbox_cases import landlock_here
 
 
 def _in_child(setup, probes) -> dict:

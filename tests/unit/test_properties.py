@@ -37,7 +37,7 @@ from fixpack.errors import FixFailed
 from fixpack.pack.lockfile import Lock
 from fixpack.pack.pack import Pack
 from fixpack.sandbox import worker
-from testing.builders import fix_yaml, write_lock, write_tree
+from packtests.builders import fix_yaml, write_lock, write_tree
 
 FILES = ["pkg_a/r0.txt", "pkg_b/r1.txt"]
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fixpack.cli.main import main
-from testing.recipes import as_in_image, edited, seed_page, write_recipe
+from packtests.recipes import as_in_image, edited, seed_page, write_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"

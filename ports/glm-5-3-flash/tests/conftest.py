@@ -1,4 +1,4 @@
-# The port folder (glm5_next_hpu) and this folder (reference_harness) are on sys.path through
+# The port folder (glm5_next_hpu) and the repository root (packtests) are on sys.path through
 # `pythonpath` in the repository's pyproject.toml.
 import pytest
 import torch
@@ -9,6 +9,6 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="session")
 def tiny():
     """(reference model, port model, config), weights moved through checkpoint-format keys."""
-    import reference_harness as rh
+    from packtests import flash_reference as rh
 
     return rh.build_pair(seed=0)

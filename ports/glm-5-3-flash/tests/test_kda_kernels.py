@@ -16,8 +16,8 @@ from glm5_next_hpu.kda import (
     naive_recurrent_kda,
     sequential_affine_scan,
 )
-from reference_harness import OpCount as _Count
-from reference_harness import kda_inputs, max_abs, nonfinite
+from packtests.flash_reference import OpCount as _Count
+from packtests.flash_reference import kda_inputs, max_abs, nonfinite
 
 REGIMES = ["random", "saturated", "adversarial"]
 # What the GLM layer passes: the final state is needed, and q and k are normalised in the kernel.

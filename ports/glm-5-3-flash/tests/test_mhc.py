@@ -4,7 +4,7 @@ import torch
 from transformers.models.glm5_next import modeling_glm5_next as ref
 
 from glm5_next_hpu.mhc import hc_head, hc_post, hc_pre, sinkhorn, sinkhorn_tpc_order
-from reference_harness import max_abs
+from packtests.flash_reference import max_abs
 
 
 class _Cfg:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from glm5_next_hpu.reference import Glm5NextCache
-from reference_harness import image_inputs, max_abs
+from packtests.flash_reference import image_inputs, max_abs
 
 
 def _capture(ref_model, **inputs):

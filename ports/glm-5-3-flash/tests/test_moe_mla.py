@@ -6,7 +6,7 @@ from transformers.models.glm5_next import modeling_glm5_next as ref
 
 from glm5_next_hpu.layers.mla import MLAAttention, dense_equals_sparse
 from glm5_next_hpu.layers.moe import MoE
-from reference_harness import build_reference, max_abs
+from packtests.flash_reference import build_reference, max_abs
 
 
 def _moe_pair(cfg):

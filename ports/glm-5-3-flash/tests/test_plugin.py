@@ -138,7 +138,7 @@ def test_profiling_image_reaches_the_cap_exactly(cap):
 
 
 def _vision_config():
-    import reference_harness as rh
+    from packtests import flash_reference as rh
 
     return rh.tiny_config().vision_config
 
@@ -303,7 +303,7 @@ def test_recipe_values_go_through_the_same_parser():
 
 @pytest.fixture(scope="module")
 def config_json(tmp_path_factory):
-    from reference_harness import tiny_config
+    from packtests.flash_reference import tiny_config
 
     cfg = tiny_config()
     d = tmp_path_factory.mktemp("cfg")
@@ -383,7 +383,7 @@ def test_config_json_refuses_prefix_caching(config_json):
 @pytest.fixture(scope="module")
 def ckpt_and_model():
     from glm5_next_hpu.reference import Glm5NextReference
-    from reference_harness import build_reference, checkpoint_tensors
+    from packtests.flash_reference import build_reference, checkpoint_tensors
 
     ref, cfg = build_reference()
     return checkpoint_tensors(ref), lambda: Glm5NextReference(cfg), cfg

@@ -27,7 +27,7 @@ def bf16_default():
 
 @pytest.fixture(scope="module")
 def ref_ckpt():
-    from reference_harness import build_reference, checkpoint_tensors
+    from packtests.flash_reference import build_reference, checkpoint_tensors
 
     ref, cfg = build_reference()
     return checkpoint_tensors(ref), cfg

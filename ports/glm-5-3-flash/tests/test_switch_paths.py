@@ -12,8 +12,8 @@ import torch
 
 from glm5_next_hpu.reference import Glm5NextReference
 from glm5_next_hpu.switches import Switches, read_switches
-from reference_harness import OpCount as _Count
-from reference_harness import tiny_config
+from packtests.flash_reference import OpCount as _Count
+from packtests.flash_reference import tiny_config
 
 TRUE = ["1", "true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", " 1 "]
 FALSE = ["0", "false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"]

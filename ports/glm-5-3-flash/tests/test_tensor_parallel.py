@@ -37,7 +37,7 @@ LAYERS = "model.language_model.layers"
 
 @pytest.fixture(scope="module")
 def ref_ckpt():
-    from reference_harness import build_reference, checkpoint_tensors
+    from packtests.flash_reference import build_reference, checkpoint_tensors
 
     ref, cfg = build_reference()
     return checkpoint_tensors(ref), cfg

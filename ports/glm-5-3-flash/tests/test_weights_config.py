@@ -8,7 +8,7 @@ import torch
 from glm5_next_hpu.config import UnsupportedConfigError, validate_config
 from glm5_next_hpu.reference import Glm5NextReference
 from glm5_next_hpu.weights import Target, load_weights, map_checkpoint_key
-from reference_harness import build_reference
+from packtests.flash_reference import build_reference
 
 
 def test_every_checkpoint_key_loads_and_every_port_parameter_is_filled(tiny):

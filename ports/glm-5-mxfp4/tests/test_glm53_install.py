@@ -90,7 +90,7 @@ def dev_tree(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory, dev_tree):
     """(scratch pack pinning a stand-in releases/v0.30.0, environment for fixpack there)."""
-    from testing.builders import stand_in_v030_pack
+    from packtests.builders import stand_in_v030_pack
 
     return stand_in_v030_pack(dev_tree, tmp_path_factory.mktemp("pinned"))
 

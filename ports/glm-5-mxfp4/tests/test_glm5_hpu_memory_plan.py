@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import glm_moe_dsa_tiny
 from glm5_hpu import memory_plan as mp
 from glm5_mxfp4 import convert
+from packtests import glm_moe_dsa_tiny
 
 PORT = Path(__file__).resolve().parents[1]
 REPO = PORT.parents[1]

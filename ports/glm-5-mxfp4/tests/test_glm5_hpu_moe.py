@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-import glm_moe_dsa_tiny
 from glm5_hpu import moe_mxfp4
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts, dequantize, route
 from glm5_mxfp4 import mxfp4
+from packtests import glm_moe_dsa_tiny
 
 
 def _cfg(n_group=1, topk_group=1, experts=16, top_k=4, hidden=128, inter=64, impl="eager"):

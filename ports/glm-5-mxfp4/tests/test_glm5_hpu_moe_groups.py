@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 import torch
+from test_glm5_hpu_moe import _cfg, _converted, _reference_moe, _route
 
 from glm5_hpu import placement
 from glm5_hpu.hpu_moe import PlacedMoEOp, group_layout, placed_loader
 from glm5_hpu.moe_mxfp4 import MxfpExperts
-from test_glm5_hpu_moe import _cfg, _converted, _reference_moe, _route
 
 
 @dataclasses.dataclass

@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
+from test_glm5_hpu_moe import _cfg, _converted, _reference_moe, _route
 
 from glm5_hpu import placement
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts
 from glm5_hpu.placement import FORMAT, PlacementError
 from glm5_hpu.switches import read_switches
-from test_glm5_hpu_moe import _cfg, _converted, _reference_moe, _route
 
 
 def _model_cfg(n_experts=16, mtp=1):

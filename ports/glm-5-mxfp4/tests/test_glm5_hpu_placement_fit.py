@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import glm_moe_dsa_tiny
 from glm5_hpu import placement, placement_fit
 from glm5_hpu.placement_fit import Checkpoint, FitError, collect, fit, group_loads, main
+from packtests import glm_moe_dsa_tiny
 
 
 # ------------------------------------------------------------------------------------ the fit

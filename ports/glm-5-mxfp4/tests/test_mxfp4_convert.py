@@ -1,4 +1,4 @@
-"""The converter on a tiny glm_moe_dsa checkpoint made by transformers 5.23.0 (glm_moe_dsa_tiny.py)."""
+"""The converter on a tiny glm_moe_dsa checkpoint made by transformers 5.23.0 (packtests/glm_moe_dsa_tiny.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import glm_moe_dsa_tiny
 from glm5_mxfp4 import convert, mxfp4
+from packtests import glm_moe_dsa_tiny
 
 PORT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -290,8 +290,11 @@ def test_keys_shapes_dtypes_are_what_vllm_030_creates(converted):
         tree_root = sources.wheel_tree("vllm", "0.30.0", "vllm")
     except SourceUnavailable as exc:
         pytest.skip(f"vLLM 0.30.0 wheel unavailable: {exc}")
-    # vLLM 0.30.0's tree first, then the port folder: `vllm` is 0.30.0 in that process only
-    path = os.pathsep.join([str(tree_root), str(PORT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    # vLLM 0.30.0's tree first, then the port folder and the repository root (packtests): `vllm`
+    # is 0.30.0 in that process only
+    path = os.pathsep.join(
+        [str(tree_root), str(PORT_ROOT), str(PORT_ROOT.parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     proc = subprocess.run(
         [sys.executable, str(TESTS / "vllm030_check.py"), str(tree_root), str(converted)],
         capture_output=True,

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import mxfp4_blocks
 from glm5_mxfp4 import mxfp4
+from packtests import mxfp4_blocks
 
 torchao_mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
 from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: E402

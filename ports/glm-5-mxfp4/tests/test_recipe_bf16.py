@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from glm5_hpu import serving_rules as rules
-from testing.recipes import as_in_image, edited, rendered, seed_page, write_recipe
+from packtests.recipes import as_in_image, edited, rendered, seed_page, write_recipe
 
 PORT = Path(__file__).resolve().parents[1]
 REPO = PORT.parents[1]

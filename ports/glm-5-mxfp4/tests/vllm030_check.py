@@ -4,8 +4,8 @@
 
 VLLM_TREE is the vLLM 0.30.0 wheel's package tree (fixpack's release-source cache, every file
 checked against the wheel's RECORD); the test puts it first on PYTHONPATH, then the port folder
-(glm5_mxfp4), so `vllm` is 0.30.0 here and nowhere else in the test session. This folder
-(mxfp4_blocks) is on sys.path as the script's own. What runs is vLLM's code:
+(glm5_mxfp4) and the repository root (packtests.mxfp4_blocks), so `vllm` is 0.30.0 here and nowhere
+else in the test session. What runs is vLLM's code:
   * `upcast_from_mxfp_torch` (triton_kernels numerics, pure torch) dequantizes our blocks;
   * `RoutedExperts.build_expert_params_mapping` maps every routed-expert key of DST to the
     parameter vLLM loads it into (the mapping DeepseekV2/GlmMoeDsa's load_weights uses);
@@ -34,8 +34,8 @@ def main(tree: str, dst: str) -> dict:
     from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
     from vllm.third_party.triton_kernels.numerics_details.mxfp import upcast_from_mxfp_torch
 
-    import mxfp4_blocks
     from glm5_mxfp4 import mxfp4
+    from packtests import mxfp4_blocks
 
     out: dict = {"vllm_file": vllm.__file__}
     # 1. dequantization

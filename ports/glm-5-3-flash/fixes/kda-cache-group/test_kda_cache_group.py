@@ -96,7 +96,7 @@ def test_the_ports_own_kda_layers_get_their_cache_group(runner):
             sys.path.insert(0, str(p))
     from glm5_next_hpu.vllm.model import Glm5NextKDA
     from glm5_next_hpu.vllm.parallel import Parallel
-    from reference_harness import tiny_config
+    from packtests.flash_reference import tiny_config
 
     cfg = tiny_config()
     vllm_config = SimpleNamespace(

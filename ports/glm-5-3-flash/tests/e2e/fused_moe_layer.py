@@ -117,7 +117,7 @@ def _layer(t, qc, spec, stream, placement, op):
 
 
 def main(spec: dict) -> None:
-    sys.path[:0] = [str(REPO / "emulation"), str(HERE.parent)]
+    sys.path[:0] = [str(REPO / "emulation"), str(REPO)]  # hpu_harness; packtests
     from hpu_harness import runtime
 
     env = runtime.prepare(spec["tree"], spec["runtime"], paths=[PORT])
@@ -131,7 +131,7 @@ def main(spec: dict) -> None:
     from vllm.distributed import parallel_state as ps
     from vllm.plugins import load_general_plugins
 
-    import reference_harness as rh
+    from packtests import flash_reference as rh
 
     load_general_plugins()  # vllm-gaudi's ops (its FP8 linear and MoE methods), as in every vLLM process
     t = rh.tiny_config().text_config

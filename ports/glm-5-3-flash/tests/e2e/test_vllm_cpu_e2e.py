@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import pytest
 
-from testing.vllm_e2e import greedy_tokens, in_process_engine, reference_greedy_tokens, require_vllm_cpu
+from packtests.vllm_e2e import greedy_tokens, in_process_engine, reference_greedy_tokens, require_vllm_cpu
 
 require_vllm_cpu("vllm-cpu 0.26.0", ".venv-cpu")
 in_process_engine()
 
-import checkpoint as ck  # noqa: E402
 import torch  # noqa: E402
+
+from packtests import flash_checkpoint as ck  # noqa: E402
 
 pytestmark = pytest.mark.slow  # an engine run: deselected by the repo default (-m "not slow"); run.sh selects it
 NEW_TOKENS = 12

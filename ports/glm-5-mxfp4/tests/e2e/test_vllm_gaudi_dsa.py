@@ -1,7 +1,7 @@
 """GLM_DSA_SPARSE on vllm-gaudi's own HPUModelRunner on the Habana emulation (the v0.30.0 profile's
 development base, as test_vllm_gaudi_emulation.py builds it). Emulated results, not a card's.
 
-The checkpoint: the tiny glm_moe_dsa of glm_moe_dsa_tiny.py with a small ``index_topk`` (16) and
+The checkpoint: the tiny glm_moe_dsa of packtests/glm_moe_dsa_tiny.py with a small ``index_topk`` (16) and
 eight indexer heads (with two, a quarter of the keys score exactly 0 and the top-k would often
 choose among ties, which transformers' ``topk`` orders in its own way), converted by the port's
 converter. The threshold is scaled down by the test-only GLM_DSA_TEST_THRESHOLD (with
@@ -27,13 +27,10 @@ from pathlib import Path
 
 import pytest
 import test_vllm_gaudi_emulation as base  # noqa: E402  (same folder: its tree, serving and skip rules)
-
-sys.path.insert(0, str(base.PORT / "tests"))
-
 import torch  # noqa: E402
 from hpu_harness.compare import greedy_reference  # noqa: E402
 
-import glm_moe_dsa_tiny  # noqa: E402
+from packtests import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow
 tree = base.tree  # the module-scoped fixture, shared

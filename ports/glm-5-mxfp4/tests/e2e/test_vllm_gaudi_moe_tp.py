@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parents[3] / "emulation", HERE.parent, HERE.parents[1]):  # + the port (glm5_hpu)
+for path in (HERE, HERE.parents[3] / "emulation", HERE.parents[1]):  # + the port (glm5_hpu)
     sys.path.insert(0, str(path))
 
 import torch  # noqa: E402
@@ -40,8 +40,8 @@ from test_vllm_gaudi_emulation import (  # noqa: E402  (skips where it skips)
     repeating_draft,
 )
 
-import glm_moe_dsa_tiny  # noqa: E402
 from glm5_hpu import placement  # noqa: E402
+from packtests import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow
 INTER = 128  # moe_intermediate_size of this file's checkpoint

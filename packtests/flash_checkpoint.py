@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-import reference_harness as rh
+from packtests import flash_reference as rh
 
 # Head size of the NoPE MLA heads: vLLM's CPU attention accepts 32 (not the harness's 16).
 HEAD = 32

@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from testing import builders as B
-from testing import reliability_lib as L
-from testing.hostile_cases import Ctx
+from packtests import builders as B
+from packtests import reliability_lib as L
+from packtests.hostile_cases import Ctx
 
 # Every case gets these names: libc, fail() (raise the errno), T (the tree), S (the staging folder, the cwd).
 PRELUDE = """

@@ -52,7 +52,7 @@ DIFF_ONE = """--- a/pkg_a/mod.py
  line_15 = 15
 """
 
-CODEMOD_TWO = '''
+CODEMOD_TWO = """
 import libcst as cst
 import libcst.matchers as m
 
@@ -72,7 +72,7 @@ class RowsByPosition(Codemod):
     def by_position(self, original, updated):
         done = m.matches(updated.value, m.ListComp(for_in=m.CompFor(iter=m.Call(func=m.Name("enumerate")))))
         return self.at(PLACE, updated, updated if done else updated.with_changes(value=BY_POSITION))
-'''
+"""
 
 DIFF_OPT = """--- a/pkg_b/x.py
 +++ b/pkg_b/x.py
@@ -190,7 +190,9 @@ def new_tree(pack_root: Path, dest: Path) -> Path:
     return dest
 
 
-def fixpack(*args: str, pack: Path | None = None, env: dict | None = None, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def fixpack(
+    *args: str, pack: Path | None = None, env: dict | None = None, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run the CLI in its own process, as users do."""
     cmd = [sys.executable, "-m", "fixpack", *args]
     if pack is not None and args and args[0] not in ("sources",):
@@ -206,7 +208,9 @@ def apply_all(*args: str, env: dict | None = None, timeout: float = 120) -> subp
     e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     if env:
         e.update(env)
-    return subprocess.run([sys.executable, str(REPO / "apply_all.py"), *args], capture_output=True, text=True, timeout=timeout, env=e)
+    return subprocess.run(
+        [sys.executable, str(REPO / "apply_all.py"), *args], capture_output=True, text=True, timeout=timeout, env=e
+    )
 
 
 # ---- reliability campaign helpers (appended; the functions above are shared by other tests)
@@ -234,13 +238,21 @@ def tree_digest(tree: Path, *, content: bool = True, skip: tuple[str, ...] = (".
             elif st.S_ISDIR(s.st_mode):
                 out[rel] = ("dir", st.S_IMODE(s.st_mode), s.st_uid, s.st_gid)
             elif content:
-                out[rel] = ("file", st.S_IMODE(s.st_mode), s.st_uid, s.st_gid, hashlib.sha256(p.read_bytes()).hexdigest())
+                out[rel] = (
+                    "file",
+                    st.S_IMODE(s.st_mode),
+                    s.st_uid,
+                    s.st_gid,
+                    hashlib.sha256(p.read_bytes()).hexdigest(),
+                )
             else:
                 out[rel] = ("file", st.S_IMODE(s.st_mode), s.st_uid, s.st_gid, s.st_ino, s.st_size, s.st_mtime_ns)
     return out
 
 
-def make_chain_pack(root: Path, *, n_files: int = 8, n_fixes: int = 7, files_per_fix: int = 4, codemod: bool = True, seed: int = 7) -> Path:
+def make_chain_pack(
+    root: Path, *, n_files: int = 8, n_fixes: int = 7, files_per_fix: int = 4, codemod: bool = True, seed: int = 7
+) -> Path:
     """A larger synthetic profile for kill sweeps: ``n_fixes`` multi-file fixes over ``n_files``
     modules of pkg_a/pkg_b, later fixes building on earlier ones (diffs made against the state
     the fixes before them leave), plus one codemod. Pristine tree in ``root/pristine``."""
@@ -269,7 +281,13 @@ def make_chain_pack(root: Path, *, n_files: int = 8, n_fixes: int = 7, files_per
             k = rng.randrange(len(lines))
             lines[k] = lines[k].rstrip("\n") + f"  # {fid}\n"
             new = "".join(lines)
-            parts.append("".join(difflib.unified_diff(current[rel].splitlines(keepends=True), new.splitlines(keepends=True), f"a/{rel}", f"b/{rel}")))
+            parts.append(
+                "".join(
+                    difflib.unified_diff(
+                        current[rel].splitlines(keepends=True), new.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"
+                    )
+                )
+            )
             current[rel] = new
         write_fix(root, fid, "diff", targets, "".join(parts))
         entries.append({"id": fid})
@@ -295,9 +313,11 @@ def forge_lock(pack_root: Path, fid: str, profile: str = "test") -> None:
     path.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
 
 
-def fault_fixpack(*args: str, pack: Path | None = None, faults: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The CLI with injected faults (testing/faultwrap.py reads FAULT_* from the environment)."""
-    cmd = [sys.executable, "-m", "testing.faultwrap", *args]
+def fault_fixpack(
+    *args: str, pack: Path | None = None, faults: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """The CLI with injected faults (packtests/faultwrap.py reads FAULT_* from the environment)."""
+    cmd = [sys.executable, "-m", "packtests.faultwrap", *args]
     if pack is not None:
         cmd += ["--pack", str(pack)]
     e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(REPO))
@@ -307,7 +327,13 @@ def fault_fixpack(*args: str, pack: Path | None = None, faults: dict | None = No
 
 def git_run(cwd: Path, *args: str) -> str:
     """git in ``cwd`` with a fixed identity; its stdout."""
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@example.invalid",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@example.invalid",
+    )
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout.strip()
 
 
@@ -334,7 +360,12 @@ def stand_in_v030_pack(dev_tree: Path, tmp: Path) -> tuple[Path, dict[str, str]]
     and the environment fixpack needs to use it (its own cache, offline)."""
     from fixpack.sources import sources
 
-    release = repo_of(dev_tree, tmp / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("stand-in\n"))
+    release = repo_of(
+        dev_tree,
+        tmp / "stand-in",
+        ["vllm_gaudi"],
+        edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("stand-in\n"),
+    )
     pack = tmp / "cookbook"
     shutil.copytree(REPO / "profiles", pack / "profiles")
     shutil.copy2(REPO / "apply_all.py", pack / "apply_all.py")  # apply_all finds its pack by realpath
@@ -344,10 +375,18 @@ def stand_in_v030_pack(dev_tree: Path, tmp: Path) -> tuple[Path, dict[str, str]]
     prof.write_text(prof.read_text().replace("      commit: 058f107\n", f"      commit: {release}\n", 1))
     cache = tmp / "cache"
     (cache / "trees").mkdir(parents=True)
-    (cache / "trees" / "wheel-vllm-0.30.0").symlink_to(sources.cache_dir() / "trees" / "wheel-vllm-0.30.0", target_is_directory=True)
+    (cache / "trees" / "wheel-vllm-0.30.0").symlink_to(
+        sources.cache_dir() / "trees" / "wheel-vllm-0.30.0", target_is_directory=True
+    )
     env = {"FIXPACK_CACHE": str(cache), "FIXPACK_OFFLINE": "1"}
-    for args in (("sources", "add", "vllm-gaudi", str(tmp / "stand-in")), ("manifest", "--profile", "v0.30.0"), ("lock", "--profile", "v0.30.0")):
+    for args in (
+        ("sources", "add", "vllm-gaudi", str(tmp / "stand-in")),
+        ("manifest", "--profile", "v0.30.0"),
+        ("lock", "--profile", "v0.30.0"),
+    ):
         proc = fixpack(*args, pack=None if args[0] == "sources" else pack, env=env, timeout=900)
         if proc.returncode != 0:
-            raise AssertionError(f"fixpack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            raise AssertionError(
+                f"fixpack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            )
     return pack, env

@@ -125,18 +125,12 @@ def _add_mtp_layer(path: str, index: dict, cfg, seed: int) -> None:
         json.dump(c, f, indent=2)
 
 
-if __name__ == "__main__":
-    import sys
-
-    print(make(sys.argv[1]))
-
-
 def convert(src, dst, python: str) -> None:
     """The port's converter (``python -m glm5_mxfp4.convert SRC DST``) in a process of ``python``."""
     import subprocess
     from pathlib import Path
 
-    port = Path(__file__).resolve().parents[1]
+    port = Path(__file__).resolve().parents[1] / "ports" / "glm-5-mxfp4"
     proc = subprocess.run(
         [python, "-m", "glm5_mxfp4.convert", str(src), str(dst), "--quiet"],
         cwd=port,
@@ -182,3 +176,9 @@ def dequantized_reference(src, dst, dtype):
                 experts.down_proj[e] = deq(prefix + ".down_proj")
                 replaced += 1
     return model, replaced
+
+
+if __name__ == "__main__":  # python -m packtests.glm_moe_dsa_tiny DIR
+    import sys
+
+    print(make(sys.argv[1]))

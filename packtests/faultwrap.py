@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the fixpack CLI with injected faults. A test helper, not part of fixpack.
 
-    PYTHONPATH=<repo> python -m testing.faultwrap <fixpack arguments...>
+    PYTHONPATH=<repo> python -m packtests.faultwrap <fixpack arguments...>
 
 Faults come from the environment, so a test starts fixpack exactly as a user does, in its
 own process, with one thing going wrong:

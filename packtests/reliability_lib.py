@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testing import builders as B
+from packtests import builders as B
 
 REPO = B.REPO
 SYNTH_PACKAGES = ["pkg_a", "pkg_b"]
@@ -128,11 +128,18 @@ class Subject:
 
     def snapshot(self, dest: Path) -> Path:
         if self.link:
+
             def link(src, dst):
                 os.link(src, dst)
                 return dst
 
-            shutil.copytree(self.pristine, dest, copy_function=link, symlinks=True, ignore=shutil.ignore_patterns(".fixpack", "__pycache__"))
+            shutil.copytree(
+                self.pristine,
+                dest,
+                copy_function=link,
+                symlinks=True,
+                ignore=shutil.ignore_patterns(".fixpack", "__pycache__"),
+            )
         else:
             shutil.copytree(self.pristine, dest, symlinks=True, ignore=shutil.ignore_patterns(".fixpack"))
         return dest
@@ -140,7 +147,9 @@ class Subject:
     def cli(self, tree: Path, *args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
         # a generous per-fix limit: codemods on the largest release files take long on a loaded CI box
         extra = [*self.opt_in, "--timeout", "1200"] if args and args[0] == "apply" else []
-        return B.fixpack(*args, *extra, "--profile", self.profile, "--root", str(tree), pack=self.pack, env=env, timeout=timeout)
+        return B.fixpack(
+            *args, *extra, "--profile", self.profile, "--root", str(tree), pack=self.pack, env=env, timeout=timeout
+        )
 
 
 def synthetic_subject(work: Path, kind: str = "chain") -> Subject:
@@ -176,13 +185,20 @@ def real_subject(work: Path, relock: bool = False) -> Subject:
 
     stale = lock_is_current(REPO)
     if stale and not relock:
-        raise SweepUnavailable(f"the committed v0.26.0 lock does not match the profile (being regenerated?): {stale[:300]}")
+        raise SweepUnavailable(
+            f"the committed v0.26.0 lock does not match the profile (being regenerated?): {stale[:300]}"
+        )
     # A snapshot of the pack: a sweep takes many minutes, and a fix edited (and re-locked) in
     # the repository meanwhile must not turn into failures of the points that follow.
     pack_root = work / "pack-v0.26.0"
     for sub in ("fixes", "profiles", "ports"):
         if (REPO / sub).is_dir():
-            shutil.copytree(REPO / sub, pack_root / sub, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+            shutil.copytree(
+                REPO / sub,
+                pack_root / sub,
+                symlinks=True,
+                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"),
+            )
     if stale:
         r = B.fixpack("lock", "--profile", "v0.26.0", pack=pack_root, timeout=3600)
         if r.returncode != 0:
@@ -200,7 +216,9 @@ class SweepUnavailable(Exception):
     pass
 
 
-def enumerate_points(subject: Subject, work: Path, phase: str = "apply", stop_at: int | None = None) -> list[tuple[int, str]]:
+def enumerate_points(
+    subject: Subject, work: Path, phase: str = "apply", stop_at: int | None = None
+) -> list[tuple[int, str]]:
     """The write points of a run, in order. ``stop_at``: only the first ones (the run is
     killed there), which is cheap on a long profile."""
     tree = subject.snapshot(work / f"enum-{phase}-{stop_at or 0}")
@@ -228,8 +246,17 @@ def enumerate_points(subject: Subject, work: Path, phase: str = "apply", stop_at
 
 def point_kind(label: str) -> str:
     """'staged object 1a2b…' -> 'staged object'; groups the labels for sampling."""
-    for kind in ("staged object", "renamed object", "staged journal.json", "renamed journal.json", "journal written", "staged state.json",
-                 "renamed state.json", "state written", "journal removed"):
+    for kind in (
+        "staged object",
+        "renamed object",
+        "staged journal.json",
+        "renamed journal.json",
+        "journal written",
+        "staged state.json",
+        "renamed state.json",
+        "state written",
+        "journal removed",
+    ):
         if label.startswith(kind):
             return kind
     return label.split(" ", 1)[0] + " target"
@@ -268,7 +295,9 @@ def _check_states(subject: Subject, tree: Path, allowed: dict[str, set[str]], lo
             lost.append(f"{rel} {when}: {str(h)[:12]} is neither pristine nor a pinned result (half-written?)")
 
 
-def kill_point(subject: Subject, n: int, label: str, work: Path, phase: str = "apply", nested: int | None = None) -> PointResult:
+def kill_point(
+    subject: Subject, n: int, label: str, work: Path, phase: str = "apply", nested: int | None = None
+) -> PointResult:
     """Kill ``phase`` at write point ``n`` (and, with ``nested``, the recovery run at its own
     write point ``nested``), run it again, then check files, verify and revert --all."""
     tree = subject.snapshot(work / f"{phase}-{n}-{nested or 0}")
@@ -319,7 +348,9 @@ def kill_point(subject: Subject, n: int, label: str, work: Path, phase: str = "a
             if rel in targets:
                 continue
             if before.get(rel) != after.get(rel):
-                lost.append(f"{rel}: {'added' if rel not in before else 'removed' if rel not in after else 'changed'} ({before.get(rel)} -> {after.get(rel)})")
+                lost.append(
+                    f"{rel}: {'added' if rel not in before else 'removed' if rel not in after else 'changed'} ({before.get(rel)} -> {after.get(rel)})"
+                )
         for rel in targets:
             pkg, sub = rel.split("/", 1)
             if sha(tree / pkg / sub) != subject.lock["pristine"][rel]:
@@ -346,8 +377,17 @@ class SweepSummary:
     seconds: float = 0.0
 
 
-def sweep(subject: Subject, work: Path, phase: str = "apply", sample: int | None = None, nested_every: int = 0, jobs: int = 1, seed: int = 0,
-          progress=None, head: int | None = None) -> SweepSummary:
+def sweep(
+    subject: Subject,
+    work: Path,
+    phase: str = "apply",
+    sample: int | None = None,
+    nested_every: int = 0,
+    jobs: int = 1,
+    seed: int = 0,
+    progress=None,
+    head: int | None = None,
+) -> SweepSummary:
     """Kill ``phase`` at every write point (or a sample of them; ``head``: only among the first
     ``head`` points, which spares a full enumeration run of a long profile)."""
     points = enumerate_points(subject, work, phase, stop_at=head)
@@ -394,7 +434,10 @@ def _can_mount() -> bool:
         return False
     d = Path(tempfile.mkdtemp(prefix="fixpack-mnt-probe-"))
     try:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True).returncode == 0
+        ok = (
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True).returncode
+            == 0
+        )
         if ok:
             subprocess.run(["umount", str(d)], capture_output=True)
         return ok
@@ -435,7 +478,9 @@ class Scenario:
         self.root, self.tree = copy_pack(kind, work)
         self.subject = Subject(kind, self.root, "test", self.root / "pristine", SYNTH_PACKAGES)
 
-    def run(self, *args: str, faults: dict | None = None, tree: Path | None = None, extra: tuple = ()) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, faults: dict | None = None, tree: Path | None = None, extra: tuple = ()
+    ) -> subprocess.CompletedProcess:
         t = tree or self.tree
         full = (*args, "--profile", "test", "--root", str(t), *extra)
         if faults is not None:
@@ -471,7 +516,9 @@ class Scenario:
         assert self.run("verify", tree=t).returncode == 0
         r = self.run("revert", "--all", tree=t)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert B.tree_digest(t) == B.tree_digest(self.root / "pristine"), "revert --all did not give back the pristine tree"
+        assert B.tree_digest(t) == B.tree_digest(self.root / "pristine"), (
+            "revert --all did not give back the pristine tree"
+        )
 
 
 def count_writes(work: Path, kind: str = "basic") -> int:
@@ -487,7 +534,12 @@ def fault_errno_at(work: Path, n: int, code: int = errno.ENOSPC, sticky: bool = 
     file pristine or pinned, verify agrees; once the disk has room again a rerun completes."""
     sc = Scenario(work, kind)
     r = sc.run("apply", faults={"FAULT_ERRNO_AT": f"{n}:{code}", "FAULT_ERRNO_STICKY": "1" if sticky else "0"})
-    reason = {errno.ENOSPC: "no space left", errno.EROFS: "read-only", errno.EACCES: "permission denied", errno.EDQUOT: "quota"}[code]
+    reason = {
+        errno.ENOSPC: "no space left",
+        errno.EROFS: "read-only",
+        errno.EACCES: "permission denied",
+        errno.EDQUOT: "quota",
+    }[code]
     sc.expect(r, 6, reason)
     if (sc.tree / ".fixpack" / "journal.json").exists():
         # the roll back needed the disk too: the journal stays, verify says so, the next run finishes the fix
@@ -507,7 +559,9 @@ def fault_errno_at(work: Path, n: int, code: int = errno.ENOSPC, sticky: bool = 
 
 def _mount_tmpfs(path: Path, size: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         raise Skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
 
@@ -621,9 +675,18 @@ def swapped_mid_run(work: Path, action: str) -> str:
     outside = work / "outside.py"
     outside.write_bytes(target.read_bytes())
     out_before = outside.read_bytes()
-    faults = {"FAULT_AT_LABEL": "journal written for apply fix-one", "FAULT_ACTION": f"{action}:{target}", "FAULT_LINK_TO": str(outside)}
+    faults = {
+        "FAULT_AT_LABEL": "journal written for apply fix-one",
+        "FAULT_ACTION": f"{action}:{target}",
+        "FAULT_LINK_TO": str(outside),
+    }
     r = sc.run("apply", faults=faults)
-    code, pat = {"dir": (6, "expected a regular file, found a directory"), "symlink": (6, "symlink"), "edit": (5, "changed while"), "rm": (6, "expected a regular file|missing|cannot")}[action]
+    code, pat = {
+        "dir": (6, "expected a regular file, found a directory"),
+        "symlink": (6, "symlink"),
+        "edit": (5, "changed while"),
+        "rm": (6, "expected a regular file|missing|cannot"),
+    }[action]
     if action == "rm":
         code, pat = 5, "changed while"
     sc.expect(r, code, pat)
@@ -656,7 +719,15 @@ def swapped_before_run(work: Path, action: str) -> str:
         target.symlink_to(outside)
     before = sc.digest()
     r = sc.run("apply")
-    sc.expect(r, 6, {"dir": "found a directory", "symlink-inside": "found a symlink", "symlink-outside": "outside the package folder"}[action])
+    sc.expect(
+        r,
+        6,
+        {
+            "dir": "found a directory",
+            "symlink-inside": "found a symlink",
+            "symlink-outside": "outside the package folder",
+        }[action],
+    )
     assert sc.digest() == before and outside.read_bytes() == data
     return f"target is a {action} before the run: exit 6, nothing changed"
 
@@ -698,7 +769,9 @@ def state_lost_partial(work: Path) -> str:
     sc = Scenario(work)
     pts = enumerate_points(sc.subject, work)
     n = next(i for i, label in pts if label.startswith("journal removed"))
-    r = B.fixpack("apply", "--profile", "test", "--root", str(sc.tree), pack=sc.root, env={"FIXPACK_CRASH_AT": str(n + 1)})
+    r = B.fixpack(
+        "apply", "--profile", "test", "--root", str(sc.tree), pack=sc.root, env={"FIXPACK_CRASH_AT": str(n + 1)}
+    )
     assert r.returncode == -9, r.returncode
     (sc.tree / ".fixpack" / "state.json").unlink()
     sc.recovers()
@@ -752,7 +825,16 @@ def held_lock(work: Path) -> str:
     """Another process holds the lock past --lock-wait: exit 7, nothing changed."""
     sc = Scenario(work)
     (sc.tree / ".fixpack").mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl,os,sys,time\nfd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT)\nfcntl.flock(fd,fcntl.LOCK_EX)\nprint('held',flush=True)\ntime.sleep(60)", str(sc.tree / ".fixpack" / "lock")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl,os,sys,time\nfd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT)\nfcntl.flock(fd,fcntl.LOCK_EX)\nprint('held',flush=True)\ntime.sleep(60)",
+            str(sc.tree / ".fixpack" / "lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         holder.stdout.readline()
         before = sc.digest()
@@ -831,9 +913,29 @@ def fault_scenarios() -> list[tuple[str, callable]]:
 def _start(sc: Scenario, args: list[str], env: dict | None = None, entry: str = "fixpack") -> subprocess.Popen:
     e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(REPO), **(env or {}))
     if entry == "apply_all":
-        cmd = [sys.executable, str(REPO / "apply_all.py"), "--profile", "test", "--root", str(sc.tree), "--pack", str(sc.root)]
+        cmd = [
+            sys.executable,
+            str(REPO / "apply_all.py"),
+            "--profile",
+            "test",
+            "--root",
+            str(sc.tree),
+            "--pack",
+            str(sc.root),
+        ]
     else:
-        cmd = [sys.executable, "-m", "fixpack", *args, "--profile", "test", "--root", str(sc.tree), "--pack", str(sc.root)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fixpack",
+            *args,
+            "--profile",
+            "test",
+            "--root",
+            str(sc.tree),
+            "--pack",
+            str(sc.root),
+        ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e, cwd=REPO)
 
 
@@ -882,7 +984,9 @@ def concurrent_apply_and_revert(work: Path, n: int = 8, bound: float = 300) -> s
     got = {rel: sha(sc.tree / rel) for rel in final}
     assert got == final or got == pristine, got
     sc.consistent()
-    return f"{n // 2} apply + {n // 2} revert --all at once: ended {'applied' if got == final else 'pristine'}, consistent"
+    return (
+        f"{n // 2} apply + {n // 2} revert --all at once: ended {'applied' if got == final else 'pristine'}, consistent"
+    )
 
 
 def concurrent_with_a_killed_holder(work: Path, n: int = 8, bound: float = 300) -> str:

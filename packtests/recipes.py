@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from testing.builders import REPO
+from packtests.builders import REPO
 
 COOKBOOK_IN_IMAGE = "/opt/gaudi-cookbook/"  # the pages: "$COOKBOOK is /opt/gaudi-cookbook there"
 
