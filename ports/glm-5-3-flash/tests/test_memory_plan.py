@@ -1,4 +1,4 @@
-"""The memory plan (``python -m glm5_next_hpu.memory_plan``) on the seed's recipe.
+"""The memory plan (``python -m glm5_next_hpu.memory_plan``) on the GLM-5.3-Flash recipe.
 
 Needs vLLM 0.26.0 (run under .venv-cpu: tests/e2e/run.sh runs this file). Each plan runs in its
 own interpreter, as the command does (it sets up vLLM's single-process distributed state).
@@ -108,7 +108,7 @@ def test_bf16_experts_do_not_fit(fp8_plan):
 
 def test_release_kv_counts_the_unread_value_cache(fp8_plan):
     """--release-kv: the KV as the pristine release allocates it (a value tensor per MLA layer, the
-    latent's size): the saving of hybrid-mla-no-value-cache is exactly that row, and the seed's
+    latent's size): the saving of hybrid-mla-no-value-cache is exactly that row, and the recipe's
     recipe still fits without the patch."""
     rc, out, rows = run_plan("--experts", "fp8", "--release-kv")
     fp8_rows = fp8_plan[2]

@@ -3,7 +3,7 @@
 The model's attention is MLA whose keys are chosen per query by a small indexer. GLM_DSA_SPARSE
 decides when the choice applies:
 
-* a query that sees more than ``threshold`` keys (the seed: 32,768) attends only to the
+* a query that sees more than ``threshold`` keys (the recipe: 32,768) attends only to the
   ``index_topk`` keys (2,048) its indexer scores highest among the keys it may see;
 * a query that sees ``threshold`` keys or fewer attends to all of them: exact dense attention;
 * GLM_DSA_SPARSE=0 (the reference path when off): dense attention at every length, which is
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-SEED_THRESHOLD = 32768  # keys a query must see before the top-k applies (the seed)
+SEED_THRESHOLD = 32768  # keys a query must see before the top-k applies (the recipe's)
 
 
 def rope_cos_sin(config, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

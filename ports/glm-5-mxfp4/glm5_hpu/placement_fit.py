@@ -54,7 +54,7 @@ text, or the token ids the server logged). Blank lines are skipped.
 such a file instead of running the model: collect once, fit for several card layouts.
 
 Nothing here runs on a card. On CPU the real 744B checkpoint needs a host that holds one layer
-at a time (the seed's 399 GiB over 79 layers: about 5 GiB, mostly packed experts), the
+at a time (the recipe's 399 GiB over 79 layers: about 5 GiB, mostly packed experts), the
 embedding, and the prompts' hidden states (12 KiB a token in bfloat16 at hidden size 6,144);
 its run time on the real model is not measured.
 """
@@ -417,7 +417,7 @@ def collect(
 ) -> Routing:
     """Run the checkpoint over ``prompts`` (token ids) layer by layer and count each MoE layer's
     routing (module docstring). ``sparse``: GLM_DSA_SPARSE; ``threshold``: the keys a query must
-    see before the DSA top-k applies (default the seed's 32,768)."""
+    see before the DSA top-k applies (default the recipe's 32,768)."""
     import torch
     import torch.nn.functional as F
 
@@ -600,7 +600,7 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--counts", help="fit from routing counts a previous run wrote with --counts-out")
     p.add_argument("--out", required=True, help="the placement file to write (glm5-moe-placement/1)")
     p.add_argument("--counts-out", help="also write the routing counts here")
-    p.add_argument("--cards", type=int, default=8, help="cards in the node (default 8, the seed's)")
+    p.add_argument("--cards", type=int, default=8, help="cards in the node (default 8, the recipe's)")
     p.add_argument("--moe-tp", type=int, help="cards per expert group (default GLM_MOE_TP from the environment)")
     p.add_argument("--groups", type=int, help="the number of expert groups, instead of --cards / --moe-tp")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="activations (default bfloat16, as served)")

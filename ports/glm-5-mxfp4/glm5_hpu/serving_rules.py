@@ -1,4 +1,4 @@
-"""The third seed's "what not to do", enforced where code can.
+"""The GLM-5.3 recipe's serving rules (its "what not to do"), enforced where code can.
 
 Three places use this module (standard library only, so it loads without torch or vLLM):
 
@@ -42,7 +42,7 @@ FP8_METHODS = ("fp8", "fbgemm_fp8", "compressed-tensors", "modelopt", "ptpc_fp8"
 
 
 class RuleError(ValueError):
-    """A serving configuration or checkpoint the seed says not to use; the message names it."""
+    """A serving configuration or checkpoint the recipe's serving rules forbid; the message names it."""
 
 
 # --------------------------------------------------------------------------- expert parallel

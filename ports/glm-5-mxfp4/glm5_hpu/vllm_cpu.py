@@ -9,7 +9,7 @@ glm5_hpu/vllm_plugin.py on CPU only). vLLM's own model classes do the rest.
   then drops the indexer's checkpoint weights (the MTP's is given them filtered). The view also
   fills the router keys vLLM reads and transformers' config lacks (ROUTER_DEFAULTS).
   Dense attention is the model's own attention while a query sees at most 32,768 keys (the
-  seed's DSA threshold, glm5_hpu/dsa.py); above that the top-k is not built for this path, so
+  recipe's DSA threshold, glm5_hpu/dsa.py); above that the top-k is not built for this path, so
   with GLM_DSA_SPARSE=1 a --max-model-len above the threshold is refused rather than served
   with other attention than the model's.
 * ``Glm5Mxfp4CpuConfig`` (quantization "mxfp4", for a checkpoint whose quantization_config

@@ -172,14 +172,14 @@ def test_the_seed_launch_values_are_all_reported_at_once():
         GLM_SPEC_DEVICE_REJECT="1",
     )
     problems = _problems(seed, max_model_len=131072)
-    # the seed's GLM_MOE_TP=2 on one card (no TP, no expert parallel): refused for both
+    # the recipe's GLM_MOE_TP=2 on one card (no TP, no expert parallel): refused for both
     assert [p.split("=")[0].split(" ")[0] for p in problems] == [
         "GLM_MXK",
         "GLM_MXK_PREFILL",
         "GLM_MOE_TP",
         "GLM_MOE_TP",
     ]
-    # on the seed's 8 cards with expert parallel, GLM_MOE_TP=2 is served (and the DSA top-k, the
+    # on the recipe's 8 cards with expert parallel, GLM_MOE_TP=2 is served (and the DSA top-k, the
     # early draft): only the kernels this machine lacks are named
     problems = _problems(seed, max_model_len=131072, tensor_parallel=8, expert_parallel=True)
     assert [p.split("=")[0] for p in problems] == ["GLM_MXK", "GLM_MXK_PREFILL"]

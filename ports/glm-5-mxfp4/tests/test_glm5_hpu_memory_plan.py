@@ -1,5 +1,5 @@
 """The memory plan (``python -m glm5_hpu.memory_plan``): its byte formulas against a real converted
-tiny checkpoint, the seed's figures, the exit codes. The KV page test needs vLLM 0.30.0
+tiny checkpoint, the recipe's figures, the exit codes. The KV page test needs vLLM 0.30.0
 (``.venv-cpu030``) and skips without it; the rest runs in the main suite."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_routed_experts_per_card_add_up_to_the_checkpoint(converted):
 
 
 def test_seed_figures():
-    """The seed's deployment: TP 8, EP 4 x TP 2, block 128, 0.86, 79 KV layers (78 + MTP) of 576
+    """The recipe's deployment: TP 8, EP 4 x TP 2, block 128, 0.86, 79 KV layers (78 + MTP) of 576
     bf16 latents, 79 full indexer layers, 312,960 tokens = 2,445 blocks."""
     rc, out, rows = run_plan()
     assert "real config.json was not available" in out

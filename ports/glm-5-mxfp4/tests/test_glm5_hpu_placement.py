@@ -144,7 +144,7 @@ def test_a_random_placement_permutes_storage_and_leaves_the_output_identical(tmp
 
 
 def test_eight_cards_at_glm_moe_tp_2_hold_a_quarter_of_the_experts_each_half_wide(tmp_path):
-    """The seed's layout, scaled down: 8 cards, GLM_MOE_TP=2, so 4 expert groups of 2 cards; a
+    """The recipe's layout, scaled down: 8 cards, GLM_MOE_TP=2, so 4 expert groups of 2 cards; a
     card holds its group's experts (a placement's slice) with half the intermediate dimension.
     The 8 cards' routed outputs add up to the whole layer's (fp32; another summation order, so
     within 1e-6 of the largest magnitude, not bit-equal)."""

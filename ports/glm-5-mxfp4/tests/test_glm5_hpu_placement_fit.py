@@ -100,7 +100,7 @@ def test_the_exchange_heuristic_alone_is_never_worse_than_the_checkpoints_order_
 
 @pytest.mark.parametrize("kind", ["uniform", "skewed"])
 def test_at_the_real_models_size_the_fit_reaches_the_lower_bound(kind):
-    """256 experts in 4 groups (the seed's EP 4 x TP 2): too many groupings to search, and the
+    """256 experts in 4 groups (the recipe's EP 4 x TP 2): too many groupings to search, and the
     exchange fit reaches ceil(total/4), so it is optimal and says so."""
     for seed in range(3):
         counts = _counts(256, seed, kind)

@@ -14,7 +14,7 @@ from glm5_hpu.switches import SwitchError, load_spec, read_switches, recipe_valu
 PORT = Path(__file__).resolve().parents[1]
 REPO = PORT.parents[1]
 
-# The third seed's launch block, as it exports the port's switches.
+# The GLM-5.3 recipe's launch block, as it exports the port's switches.
 SEED = {
     "GLM_DSA_SPARSE": "1",
     "GLM_MXK": "1",

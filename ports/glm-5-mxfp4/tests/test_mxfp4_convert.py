@@ -61,7 +61,7 @@ def src(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(src, tmp_path_factory) -> Path:
-    """The seed's shape: layer-range workers, the other worker, then --finalize."""
+    """The recipe's shape: layer-range workers, the other worker, then --finalize."""
     dst = tmp_path_factory.mktemp("dst") / "GLM-tiny-MXFP4"
     assert main(src, dst, "--layers", "0:2", "--quiet") == 0
     assert main(src, dst, "--layers", "2:4", "--quiet") == 0

@@ -1,5 +1,5 @@
 """vLLM detects GLM-5.3-Flash's NoPE MLA layers as MLA, and its real hybrid block-size arithmetic
-then gives the seed's 640-token KV block at TP 8.
+then gives the recipe's 640-token KV block at TP 8.
 
 The release's config.json as the port reads it (``glm5_next_hpu.release_config``: the real 45-layer
 model, block FP8) goes through vLLM 0.26.0's real ``EngineArgs.create_model_config()`` with the

@@ -1,6 +1,6 @@
 """GLM5_NEXT_MOE_OP=fused: the routed experts on vllm-gaudi's own fused FP8 MoE op, no clamp.
 
-The seed's deployment runs GLM-5.3-Flash's routed experts on vllm-gaudi's FP8 MoE machinery, which
+The recipe's deployment runs GLM-5.3-Flash's routed experts on vllm-gaudi's FP8 MoE machinery, which
 has no SwiGLU limit (activation "silu"); the port's default (``exact``) is its own static expert
 loop with GLM's clamp, silu(min(gate, 10)) * clamp(up, -10, 10). This switch puts a block-FP8
 checkpoint's routed experts on vllm-gaudi's op exactly as its ``HPUFp8MoEMethod``

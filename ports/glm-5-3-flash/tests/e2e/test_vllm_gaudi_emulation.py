@@ -1,10 +1,10 @@
 """GLM-5.3-Flash served by vllm-gaudi v0.26.0's own HPUModelRunner on the Habana emulation.
 
-The tree is built as the seed's image is: the release sources, the port's ``install.sh --root``
-(its patches and the v0.26.0 profile's defaults), then the seed's launch line
+The tree is built as the recipe's image is: the release sources, the port's ``install.sh --root``
+(its patches and the v0.26.0 profile's defaults), then the recipe's launch line
 (``fixes/apply_all.py --profile v0.26.0 glm47-streaming-text-markers``); the port's plugin is
 registered by entry point. The tiny e2e checkpoint is served in lazy mode with HPU graphs (the
-seed's mode) in bf16 (vllm-gaudi's platform turns float32 into bfloat16: platform.py,
+recipe's mode) in bf16 (vllm-gaudi's platform turns float32 into bfloat16: platform.py,
 check_and_update_config) and compared with transformers 5.23.0 in bf16. Emulated results, not a
 card's.
 
@@ -66,9 +66,9 @@ PLUGIN = "glm5_next_hpu=glm5_next_hpu:register"
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    """Made as the seed's image is: the release sources; the port's install.sh with --root (the
+    """Made as the recipe's image is: the release sources; the port's install.sh with --root (the
     port's patches and the profile's defaults under them; the plugin itself is registered from the
-    port folder by the harness, hence --no-plugin); then the seed's launch line at container start,
+    port folder by the harness, hence --no-plugin); then the recipe's launch line at container start,
     `python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 glm47-streaming-text-markers`."""
     dest = tmp_path_factory.mktemp("v0.26.0-glm") / "tree"
     try:
@@ -244,7 +244,7 @@ def _refused_at_start(tree, path, monkeypatch, prefix_caching=False, **switches)
 
 
 def test_block_fp8_checkpoint_experts_fp8_at_rest(tree, ckpt, tmp_path_factory, monkeypatch):
-    """The block-FP8 checkpoint (as the seed serves it): the routed experts held as e4m3 bytes with
+    """The block-FP8 checkpoint (as the recipe serves it): the routed experts held as e4m3 bytes with
     their block scales and dequantized per chunk inside the step (exact clamp), the projections
     through vllm-gaudi's own FP8 linear method; tokens against transformers on the checkpoint
     transformers dequantizes itself, in bf16."""
@@ -318,7 +318,7 @@ RECIPE = REPO / "recipes" / "zai-org" / "GLM-5.3-Flash" / "recipe.yaml"
 
 
 def _seed_switches() -> tuple[dict[str, str], dict[str, str]]:
-    """The recipe's five switches ("on", as the seed serves) and their "off" values: each switch's
+    """The recipe's five switches ("on", as it serves) and their "off" values: each switch's
     declared reference value (port.yaml), a bool without one at 0; a switch with neither keeps its
     recipe value (GLM5_NEXT_IMAGE_MAX_TOKENS: a cap on image tokens, no text prompt reaches it)."""
     import yaml
@@ -351,9 +351,9 @@ def fp8_ckpt(ckpt, tmp_path_factory):
 
 
 def test_block_fp8_tp2_expert_parallel_equal_to_transformers(tree, fp8_ckpt, monkeypatch):
-    """The seed's parallel form at TP 2: experts placed whole over two worker processes (vLLM's
-    multiproc executor; the emulation's hccl is gloo), FP8 at rest, the seed's five switches on,
-    a fixed KV pool as the seed's --num-gpu-blocks-override; tokens against transformers' own
+    """The recipe's parallel form at TP 2: experts placed whole over two worker processes (vLLM's
+    multiproc executor; the emulation's hccl is gloo), FP8 at rest, the recipe's five switches on,
+    a fixed KV pool as the recipe's --num-gpu-blocks-override; tokens against transformers' own
     dequantization in bf16, batched and alone."""
     import re
 
@@ -401,7 +401,7 @@ def test_block_fp8_tp2_expert_parallel_equal_to_transformers(tree, fp8_ckpt, mon
 
 
 def test_block_fp8_seed_switches_on_equal_off(tree, fp8_ckpt, monkeypatch):
-    """The seed's golden check on the emulation: the recipe's five switches on and at their
+    """The recipe's golden check on the emulation: the recipe's five switches on and at their
     reference values give the same greedy tokens, batched and alone, both transformers' up to a
     near-tie."""
     fp8, reference, _ = fp8_ckpt
@@ -608,7 +608,7 @@ def _post(url: str, body: dict | None = None) -> tuple[int, dict | str]:
 @pytest.fixture(scope="module")
 def gaudi_server(tree, ckpt, tmp_path_factory):
     """vLLM's real OpenAI server (``hpu_harness.serve``'s environment) with vllm-gaudi's platform
-    and HPUModelRunner on the emulation, lazy mode, serving the tiny checkpoint with the seed's
+    and HPUModelRunner on the emulation, lazy mode, serving the tiny checkpoint with the recipe's
     serving flags that bear on images (bf16, no prefix caching, at most 4 images, the port's chat
     template and glm47 parsers). The engine core is its own process (the server's default); the
     fixture stops the process group it started."""

@@ -279,7 +279,7 @@ def test_mxfp4_experts_on_vllm_gaudis_own_op_match_transformers(stock, reference
 
 
 def test_glm_kernels_dispatched_by_call_size_keep_the_tokens(tree, ckpt, reference, stock, monkeypatch):
-    """GLM_MXK=1, GLM_MXK_PREFILL=1 (the seed's values), the kernels as their emulation: decode steps
+    """GLM_MXK=1, GLM_MXK_PREFILL=1 (the recipe's values), the kernels as their emulation: decode steps
     run the GEMV path (no stock MoE op in them, nothing read back inside the captured step); the
     long prompt's prefill (a call of 256 rows or more) runs the unpack path, bit-identical to the
     stock op, so every first token's logprobs equal the stock run's exactly; the greedy tokens
@@ -413,7 +413,7 @@ def test_device_rejection_keeps_every_output_and_reads_nothing_back(tree, consta
 
 
 def test_the_seed_launch_switches_are_refused_with_what_to_set(tree, ckpt, monkeypatch):
-    """The seed's launch block sets GLM_MXK=1, GLM_MOE_TP=2 and the three decode levers to 1; on this
+    """The recipe's launch block sets GLM_MXK=1, GLM_MOE_TP=2 and the three decode levers to 1; on this
     one rank (TP 1, no expert parallel) GLM_MOE_TP=2 cannot be laid out, which stops the engine at
     start-up naming it (glm5_hpu/hpu_launch.py; the layout itself runs in test_vllm_gaudi_moe_tp.py).
     The kernels are there (their emulation) and device rejection and the early draft are built, so

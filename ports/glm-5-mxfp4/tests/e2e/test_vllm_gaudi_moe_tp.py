@@ -214,7 +214,7 @@ def test_a_placement_on_one_group_gives_the_same_bits(tree, ckpt, reference, pla
 def test_moe_tp_2_on_four_ranks_two_groups_with_a_placement_and_the_glm_kernels(
     tree, ckpt, reference, placement_file, monkeypatch
 ):
-    """The seed's layout scaled down: TP 4, GLM_MOE_TP=2, so two expert groups of two ranks, with
+    """The recipe's layout scaled down: TP 4, GLM_MOE_TP=2, so two expert groups of two ranks, with
     the placement file and GLM_MXK=1 / GLM_MXK_PREFILL=1 (the kernels' emulation): each rank holds
     its group's 4 experts of the file's order at half width; greedy tokens match the reference,
     batched and alone (another summation order than one rank's: compared with the reference, not
@@ -281,7 +281,7 @@ def test_the_seed_launch_with_mtp_and_every_switch_on(
     reference.check_divergence(result["batched"], TIE)
     reference.check_divergence(result["alone"], TIE, min_fraction=0.6)
     drafts, accepted = check_mtp_outputs(result)
-    print(f"the seed launch at TP {ranks}: {accepted} of {drafts} drafts accepted")  # shown with -rP
+    print(f"the recipe's launch at TP {ranks}: {accepted} of {drafts} drafts accepted")  # shown with -rP
     held = _check_holdings(result, draft, ranks, 2, order, layers=(1, 2, 3))
     assert all(held[r] == held[r + 1] for r in range(0, ranks, 2))
     assert sorted(e for r in range(0, ranks, 2) for e in held[r]) == list(range(8))

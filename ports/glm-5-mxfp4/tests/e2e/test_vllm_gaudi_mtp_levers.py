@@ -119,7 +119,7 @@ def test_early_draft_keeps_every_output_and_reads_the_card_once_per_verify_step(
     device_reject,
     monkeypatch,
 ):
-    """GLM_EARLY_DRAFT=1 beside GLM_SPEC_DEVICE_REJECT=1 (the seed's launch), the draft always token 0
+    """GLM_EARLY_DRAFT=1 beside GLM_SPEC_DEVICE_REJECT=1 (the recipe's launch), the draft always token 0
     so drafts are both accepted and rejected: every output (greedy batched and alone, logprobs,
     seeded samples) and vLLM's speculative counters as with GLM_EARLY_DRAFT=0; the drafter runs on
     the same tokens, positions and hidden states and gives the same drafts, call for call. In each
