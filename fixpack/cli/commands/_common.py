@@ -35,6 +35,19 @@ def profile_name(args, pack) -> str:
     raise ConfigError(f"--profile is required (profiles: {', '.join(names) or 'none'})")
 
 
+def add_generated(p: argparse.ArgumentParser, *, what: str) -> None:
+    """The arguments of a command that writes a file generated from the release sources."""
+    p.add_argument("--profile")
+    p.add_argument("--pack", type=Path)
+    p.add_argument("--check", action="store_true", help=f"regenerate {what} and compare with the committed one; exit non-zero on any difference")
+
+
+def profile_of(args):
+    """(pack, profile) the arguments name."""
+    pack = pack_of(args)
+    return pack, pack.profile(profile_name(args, pack))
+
+
 def make_engine(args, *, opt_ins=(), port: str | None = None, pinned: bool = True, quiet: bool = False, check_pack: bool = True, keep_applied_port: bool = False):
     from fixpack.apply.engine import Engine
     from fixpack.apply.store import Store

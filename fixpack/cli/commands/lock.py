@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import json
 
-from fixpack.cli.commands._common import pack_of, profile_name, write_or_check
+from fixpack.cli.commands._common import add_generated, profile_of, write_or_check
 from fixpack.errors import ConfigError
 
 
 def add_parser(sub):
     p = sub.add_parser("lock", help="apply every allowed selection to the release tree and write the pinned hashes")
-    p.add_argument("--profile")
-    p.add_argument("--pack")
-    p.add_argument("--check", action="store_true", help="regenerate and compare with the committed lock; exit non-zero on any difference")
+    add_generated(p, what="the lock")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     from fixpack.sources import release
 
-    args.pack = Path(args.pack) if args.pack else None
-    pack = pack_of(args)
-    profile = pack.profile(profile_name(args, pack))
+    pack, profile = profile_of(args)
     if not profile.manifest_path.exists():
         raise ConfigError(f"{profile.manifest_path} is missing; run `fixpack manifest --profile {profile.name}` first")
     manifest = json.loads(profile.manifest_path.read_text())["files"]

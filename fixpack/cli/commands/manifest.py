@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-from fixpack.cli.commands._common import pack_of, profile_name, write_or_check
+from fixpack.cli.commands._common import add_generated, profile_of, write_or_check
 
 
 def add_parser(sub):
     p = sub.add_parser("manifest", help="write profiles/<profile>.manifest.json from the release sources")
-    p.add_argument("--profile")
-    p.add_argument("--pack")
-    p.add_argument("--check", action="store_true", help="regenerate and compare; exit non-zero on a difference")
+    add_generated(p, what="the manifest")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from pathlib import Path
+    from fixpack.sources import release, sources
 
-    from fixpack.sources import release
-
-    args.pack = Path(args.pack) if args.pack else None
-    pack = pack_of(args)
-    profile = pack.profile(profile_name(args, pack))
+    _, profile = profile_of(args)
     with release.scratch() as d:
         tree = release.pristine_tree(profile, d)
         hashes = release.tree_hashes(tree, profile.packages)
-    from fixpack.sources import sources
-
     bases = sources.resolve(profile.base["sources"], profile.packages)
     text = release.dump({"profile": profile.name, "sources": profile.base["sources"], "bases": bases, "files": hashes})
     counts = ", ".join(f"{p} {len(v)} files" for p, v in hashes.items())
