@@ -38,39 +38,32 @@ def test_a_structured_prompt_is_sampled_when_drafting_follows(env):
     started(e, {"a": A, "b": [9, 10, 11]}, a=6, b=9)
 
 
-@pytest.mark.red_raises("UnboundLocalError")
-def test_drafts_of_a_structured_decode_are_verified_on_the_masked_rows(env):
-    e = env
+def verified(e, a_masks):
+    """The verify step after ``started``: a (grammar rows ``a_masks``) drafted 6, 8 and b (no
+    grammar) drafted 9, 10; the tokens each keeps."""
     runner = started(e, {"a": A, "b": [9, 10, 11]}, a=6, b=9)
-    # a: each verify row masked by its own grammar row, so the target is 6, 8 (both drafts
-    # accepted) and the bonus 9; b, no grammar, as without one
-    out = run_step(
+    return run_step(
         e,
         runner,
         {"a": 3, "b": 3},
         {"a": 4, "b": 4},
-        grammar={"a": A_MASKS},
+        grammar={"a": a_masks},
         drafts={"a": [6, 8], "b": [9, 10]},
         batch_changed=True,
     )
-    assert out == {"a": [6, 8, 9], "b": [9, 10, 11]}
+
+
+@pytest.mark.red_raises("UnboundLocalError")
+def test_drafts_of_a_structured_decode_are_verified_on_the_masked_rows(env):
+    # a: each verify row masked by its own grammar row, so the target is 6, 8 (both drafts
+    # accepted) and the bonus 9; b, no grammar, as without one
+    assert verified(env, A_MASKS) == {"a": [6, 8, 9], "b": [9, 10, 11]}
 
 
 @pytest.mark.red_raises("UnboundLocalError")
 def test_a_draft_the_masked_target_differs_from_is_rejected(env):
-    e = env
-    runner = started(e, {"a": A, "b": [9, 10, 11]}, a=6, b=9)
     # the grammar allows 6 then 7 at the second row: the target there is 7, draft 8 rejected
-    out = run_step(
-        e,
-        runner,
-        {"a": 3, "b": 3},
-        {"a": 4, "b": 4},
-        grammar={"a": [6, 7, 9]},
-        drafts={"a": [6, 8], "b": [9, 10]},
-        batch_changed=True,
-    )
-    assert out == {"a": [6, 7], "b": [9, 10, 11]}
+    assert verified(env, [6, 7, 9]) == {"a": [6, 7], "b": [9, 10, 11]}
 
 
 @pytest.mark.red_raises("UnboundLocalError")
