@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_real_release import proof_holds
 
 from packtests.builders import REPO, fixpack
+from packtests.release_check import proof_holds
 
 pytestmark = pytest.mark.release
 

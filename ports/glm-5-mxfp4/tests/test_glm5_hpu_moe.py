@@ -21,26 +21,7 @@ from glm5_hpu import moe_mxfp4
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts, dequantize, route
 from glm5_mxfp4 import mxfp4
 from packtests import glm_moe_dsa_tiny
-
-
-def _cfg(n_group=1, topk_group=1, experts=16, top_k=4, hidden=128, inter=64, impl="eager"):
-    from transformers import GlmMoeDsaConfig
-
-    cfg = GlmMoeDsaConfig(
-        hidden_size=hidden,
-        moe_intermediate_size=inter,
-        n_routed_experts=experts,
-        num_experts_per_tok=top_k,
-        n_group=n_group,
-        topk_group=topk_group,
-        n_shared_experts=1,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-        num_hidden_layers=2,
-        first_k_dense_replace=1,
-    )
-    cfg._experts_implementation = impl
-    return cfg
+from packtests.mxfp4_moe import converted_layer, moe_config, reference_moe, reference_route
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
@@ -76,70 +57,10 @@ def test_decode_refuses_mismatched_or_wrong_dtype_inputs():
         dequantize(torch.zeros(4, 16, dtype=torch.int8), torch.zeros(4, 1, dtype=torch.uint8))
 
 
-def _reference_moe(cfg, dtype, seed=0, bias_scale=0.05):
-    """transformers' GlmMoeDsaMoE with random weights of real-model scale and a nonzero bias."""
-    from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaMoE
-
-    torch.manual_seed(seed)
-    moe = GlmMoeDsaMoE(cfg).eval()
-    with torch.no_grad():
-        for p in moe.parameters():
-            p.normal_(0.0, 0.02)
-        moe.gate.weight.normal_(0.0, 0.2)  # routing far from ties
-        moe.gate.e_score_correction_bias.copy_(torch.randn(cfg.n_routed_experts) * bias_scale)
-    moe = moe.to(dtype)
-    moe.gate.e_score_correction_bias.data = moe.gate.e_score_correction_bias.data.float()
-    return moe
-
-
-def _route(moe, x, top_k=4):
-    """The reference routing of ``x`` through ``moe``'s gate (one group, normalised, scale 2.5)."""
-    return route(
-        x,
-        moe.gate.weight.detach(),
-        moe.gate.e_score_correction_bias,
-        top_k=top_k,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
-    )
-
-
-def _converted(moe, prefix="model.layers.1.mlp"):
-    """The converter's keys for this layer: routed experts quantized by its kernel (even mode),
-    everything else as stored; and the reference module given the same dequantized experts."""
-    out = {
-        f"{prefix}.gate.weight": moe.gate.weight.data,
-        f"{prefix}.gate.e_score_correction_bias": moe.gate.e_score_correction_bias.data,
-    }
-    for p in ("gate_proj", "up_proj", "down_proj"):
-        out[f"{prefix}.shared_experts.{p}.weight"] = getattr(moe.shared_experts, p).weight.data
-    gu, dn = moe.experts.gate_up_proj.data, moe.experts.down_proj.data
-    inter = gu.shape[1] // 2
-    for e in range(gu.shape[0]):
-        for name, w in (("gate_proj", gu[e, :inter]), ("up_proj", gu[e, inter:]), ("down_proj", dn[e])):
-            q, s = mxfp4.quantize(w.to(torch.bfloat16), "even")
-            out[f"{prefix}.experts.{e}.{name}.weight"] = torch.from_numpy(q)
-            out[f"{prefix}.experts.{e}.{name}.weight_scale"] = torch.from_numpy(s)
-    with torch.no_grad():  # the reference holds the converter's own dequantization
-        for e in range(gu.shape[0]):
-            for name, rows in (("gate_proj", slice(0, inter)), ("up_proj", slice(inter, None))):
-                k = f"{prefix}.experts.{e}.{name}"
-                gu[e, rows] = torch.from_numpy(
-                    mxfp4.dequantize(out[k + ".weight"].numpy(), out[k + ".weight_scale"].numpy())
-                ).to(gu.dtype)
-            k = f"{prefix}.experts.{e}.down_proj"
-            dn[e] = torch.from_numpy(mxfp4.dequantize(out[k + ".weight"].numpy(), out[k + ".weight_scale"].numpy())).to(
-                dn.dtype
-            )
-    return out
-
-
 @pytest.mark.parametrize("groups", [(1, 1), (4, 2)])
 def test_routing_is_transformers(groups):
-    cfg = _cfg(*groups)
-    moe = _reference_moe(cfg, torch.bfloat16)
+    cfg = moe_config(*groups)
+    moe = reference_moe(cfg, torch.bfloat16)
     x = torch.randn(37, cfg.hidden_size).bfloat16()
     _, want_w, want_ids = moe.gate(x)
     w, ids = route(
@@ -175,9 +96,9 @@ def test_routing_is_transformers(groups):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("groups", [(1, 1), (4, 2)])
 def test_moe_layer_equals_transformers_given_the_same_dequantized_experts(dtype, groups):
-    cfg = _cfg(*groups)
-    moe = _reference_moe(cfg, dtype)
-    ckpt = _converted(moe)
+    cfg = moe_config(*groups)
+    moe = reference_moe(cfg, dtype)
+    ckpt = converted_layer(moe)
     ours = GlmMoeMxfp4.from_checkpoint(cfg, ckpt, layer=1)
     x = torch.randn(2, 29, cfg.hidden_size).to(dtype)
     with torch.no_grad():
@@ -194,9 +115,9 @@ def test_grouped_mm_experts_agree_within_a_stated_bound():
     """A whole transformers model on CPU runs its experts with grouped_mm, not the eager loop:
     another GEMM, another summation order, so not bit-equal. Bound: fp32, max abs difference
     below 1e-6 of the output's max magnitude."""
-    cfg = _cfg(impl="grouped_mm")
-    moe = _reference_moe(cfg, torch.float32)
-    ours = GlmMoeMxfp4.from_checkpoint(cfg, _converted(moe), layer=1)
+    cfg = moe_config(impl="grouped_mm")
+    moe = reference_moe(cfg, torch.float32)
+    ours = GlmMoeMxfp4.from_checkpoint(cfg, converted_layer(moe), layer=1)
     x = torch.randn(64, cfg.hidden_size)
     with torch.no_grad():
         want, got = moe(x), ours(x)
@@ -204,9 +125,9 @@ def test_grouped_mm_experts_agree_within_a_stated_bound():
 
 
 def test_experts_are_decoded_on_the_fly_only_when_a_token_reaches_them(monkeypatch):
-    cfg = _cfg()
-    moe = _reference_moe(cfg, torch.bfloat16)
-    ours = GlmMoeMxfp4.from_checkpoint(cfg, _converted(moe), layer=1)
+    cfg = moe_config()
+    moe = reference_moe(cfg, torch.bfloat16)
+    ours = GlmMoeMxfp4.from_checkpoint(cfg, converted_layer(moe), layer=1)
     decoded = []
     real = moe_mxfp4.dequantize
     monkeypatch.setattr(
@@ -225,11 +146,11 @@ def test_experts_are_decoded_on_the_fly_only_when_a_token_reaches_them(monkeypat
 def test_an_expert_group_holds_only_its_experts_and_the_groups_sum_to_the_layer():
     """Expert parallelism: each rank loads its group of experts; the ranks' outputs (routed
     part) add up to the whole layer's."""
-    cfg = _cfg()
-    moe = _reference_moe(cfg, torch.float32)
-    ckpt = _converted(moe)
+    cfg = moe_config()
+    moe = reference_moe(cfg, torch.float32)
+    ckpt = converted_layer(moe)
     x = torch.randn(40, cfg.hidden_size)
-    w, ids = _route(moe, x)
+    w, ids = reference_route(moe, x)
     whole = MxfpExperts.from_checkpoint(ckpt, "model.layers.1.mlp", range(16)).forward(x, ids, w)
     parts = [
         MxfpExperts.from_checkpoint(
@@ -246,21 +167,21 @@ def test_an_expert_group_holds_only_its_experts_and_the_groups_sum_to_the_layer(
 
 
 def test_bad_checkpoints_name_the_key_and_the_expert():
-    cfg = _cfg()
-    ckpt = _converted(_reference_moe(cfg, torch.bfloat16))
+    cfg = moe_config()
+    ckpt = converted_layer(reference_moe(cfg, torch.bfloat16))
     del ckpt["model.layers.1.mlp.experts.5.up_proj.weight_scale"]
     with pytest.raises(
         KeyError,
         match=r"model.layers.1.mlp.experts.5.up_proj.weight / .weight_scale: not in the checkpoint \(expert 5\)",
     ):
         GlmMoeMxfp4.from_checkpoint(cfg, ckpt, layer=1)
-    ckpt = _converted(_reference_moe(cfg, torch.bfloat16))
+    ckpt = converted_layer(reference_moe(cfg, torch.bfloat16))
     ckpt["model.layers.1.mlp.experts.3.down_proj.weight_scale"] = ckpt[
         "model.layers.1.mlp.experts.3.down_proj.weight_scale"
     ][:, :1]
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         GlmMoeMxfp4.from_checkpoint(cfg, ckpt, layer=1)
-    ckpt = _converted(_reference_moe(cfg, torch.bfloat16))
+    ckpt = converted_layer(reference_moe(cfg, torch.bfloat16))
     ckpt["model.layers.1.mlp.gate.e_score_correction_bias"] = ckpt[
         "model.layers.1.mlp.gate.e_score_correction_bias"
     ].bfloat16()

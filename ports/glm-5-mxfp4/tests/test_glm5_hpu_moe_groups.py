@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 import torch
-from test_glm5_hpu_moe import _cfg, _converted, _reference_moe, _route
 
 from glm5_hpu import placement
 from glm5_hpu.hpu_moe import PlacedMoEOp, group_layout, placed_loader
 from glm5_hpu.moe_mxfp4 import MxfpExperts
+from packtests.mxfp4_moe import converted_layer, moe_config, reference_moe, reference_route
 
 
 @dataclasses.dataclass
@@ -71,12 +71,12 @@ def test_the_cards_of_the_layout_add_up_to_the_whole_layer_once(world, moe_tp):
     """Summed over every rank (the one all-reduce vLLM's MoERunner does over the TP group), the
     routed outputs of the layout's cards are the whole layer's (fp32; another summation order:
     within 1e-6 of the largest magnitude); each expert is on exactly GLM_MOE_TP cards."""
-    cfg = _cfg(inter=128)  # 4 parts of whole 32-blocks at GLM_MOE_TP=4
-    moe = _reference_moe(cfg, torch.float32)
-    ckpt, prefix = _converted(moe), "model.layers.1.mlp"
+    cfg = moe_config(inter=128)  # 4 parts of whole 32-blocks at GLM_MOE_TP=4
+    moe = reference_moe(cfg, torch.float32)
+    ckpt, prefix = converted_layer(moe), "model.layers.1.mlp"
     order = torch.randperm(16, generator=torch.Generator().manual_seed(world + moe_tp)).tolist()
     x = torch.randn(24, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
-    w, ids = _route(moe, x)
+    w, ids = reference_route(moe, x)
     whole = MxfpExperts.from_checkpoint(ckpt, prefix, range(16)).forward(x, ids, w)
     total, held = torch.zeros_like(whole), []
     for rank in range(world):
@@ -89,11 +89,11 @@ def test_the_cards_of_the_layout_add_up_to_the_whole_layer_once(world, moe_tp):
 
 
 def test_negative_control_both_cards_of_a_group_on_the_same_slice_do_not_add_up():
-    cfg = _cfg()
-    moe = _reference_moe(cfg, torch.float32)
-    ckpt, prefix = _converted(moe), "model.layers.1.mlp"
+    cfg = moe_config()
+    moe = reference_moe(cfg, torch.float32)
+    ckpt, prefix = converted_layer(moe), "model.layers.1.mlp"
     x = torch.randn(24, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
-    w, ids = _route(moe, x)
+    w, ids = reference_route(moe, x)
     whole = MxfpExperts.from_checkpoint(ckpt, prefix, range(16)).forward(x, ids, w)
     wrong = sum(
         _card(ckpt, prefix, dataclasses.replace(group_layout(Parallel(r, 4), 2), tp_rank=0), list(range(16))).forward(
@@ -149,9 +149,9 @@ def test_placed_moe_is_the_same_moe_bit_for_bit_at_top_2():
     """A MoE op on stored-order experts behind PlacedMoEOp equals the same op on the checkpoint
     order: with two choices per token the float32 sum of two terms does not depend on their order
     (the emulated stock op adds a token's experts in slot order)."""
-    cfg = _cfg(top_k=2)
-    moe = _reference_moe(cfg, torch.bfloat16)
-    ckpt, prefix = _converted(moe), "model.layers.1.mlp"
+    cfg = moe_config(top_k=2)
+    moe = reference_moe(cfg, torch.bfloat16)
+    ckpt, prefix = converted_layer(moe), "model.layers.1.mlp"
     order = torch.randperm(16, generator=torch.Generator().manual_seed(3)).tolist()
     plain = MxfpExperts.from_checkpoint(ckpt, prefix, range(16))
     stored = MxfpExperts.from_checkpoint(ckpt, prefix, order)
@@ -166,7 +166,7 @@ def test_placed_moe_is_the_same_moe_bit_for_bit_at_top_2():
             return stored.forward(hidden_states, expert_routing_table.long(), router_weights)
 
     x = torch.randn(20, cfg.hidden_size).to(torch.bfloat16)
-    w, ids = _route(moe, x, top_k=2)
+    w, ids = reference_route(moe, x, top_k=2)
     w = w.to(torch.bfloat16)
     want = plain.forward(x, ids, w)
     assert torch.equal(PlacedMoEOp(SlotOp(), placement.slots(order), "cpu")(x, ids.to(torch.int32), w), want)

@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from test_glm5_hpu_moe import _cfg, _converted, _reference_moe, _route
 
 from glm5_hpu import placement
 from glm5_hpu.moe_mxfp4 import GlmMoeMxfp4, MxfpExperts
 from glm5_hpu.placement import FORMAT, PlacementError
 from glm5_hpu.switches import read_switches
+from packtests.mxfp4_moe import converted_layer, moe_config, reference_moe, reference_route
 
 
 def _model_cfg(n_experts=16, mtp=1):
@@ -125,10 +125,10 @@ def test_unreadable_or_not_json(tmp_path):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_random_placement_permutes_storage_and_leaves_the_output_identical(tmp_path, dtype, seed):
     """A wrong file is slower, never wrong: any permutation, the same bits out."""
-    cfg = _cfg(n_group=4, topk_group=2)
+    cfg = moe_config(n_group=4, topk_group=2)
     cfg.num_nextn_predict_layers = 0
-    moe = _reference_moe(cfg, dtype)
-    ckpt = _converted(moe)
+    moe = reference_moe(cfg, dtype)
+    ckpt = converted_layer(moe)
     p = placement.load(_write(tmp_path, _valid(16, layers=(1,), seed=seed)), cfg)
     order = p.order(1)
     assert order != list(range(16))
@@ -148,13 +148,13 @@ def test_eight_cards_at_glm_moe_tp_2_hold_a_quarter_of_the_experts_each_half_wid
     card holds its group's experts (a placement's slice) with half the intermediate dimension.
     The 8 cards' routed outputs add up to the whole layer's (fp32; another summation order, so
     within 1e-6 of the largest magnitude, not bit-equal)."""
-    cfg = _cfg()
+    cfg = moe_config()
     cfg.num_nextn_predict_layers = 0
-    moe = _reference_moe(cfg, torch.float32)
-    ckpt = _converted(moe)
+    moe = reference_moe(cfg, torch.float32)
+    ckpt = converted_layer(moe)
     p = placement.load(_write(tmp_path, _valid(16, layers=(1,), seed=5)), cfg)
     x = torch.randn(40, cfg.hidden_size)
-    w, ids = _route(moe, x)
+    w, ids = reference_route(moe, x)
     prefix = "model.layers.1.mlp"
     whole = MxfpExperts.from_checkpoint(ckpt, prefix, range(16)).forward(x, ids, w)
     total, held = torch.zeros_like(whole), []

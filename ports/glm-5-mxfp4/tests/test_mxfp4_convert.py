@@ -18,40 +18,9 @@ from safetensors.torch import load_file, save_file
 
 from glm5_mxfp4 import convert, mxfp4
 from packtests import glm_moe_dsa_tiny
+from packtests.mxfp4_convert import PORT_ROOT, main, run_cli, tree
 
-PORT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-
-
-def run_cli(*args, env=None, check=False) -> subprocess.CompletedProcess:
-    """The command line as a user runs it: a new process, from the port folder."""
-    full_env = dict(os.environ, **(env or {}))
-    full_env["PYTHONPATH"] = str(PORT_ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-m", "glm5_mxfp4.convert", *map(str, args)],
-        cwd=PORT_ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
-
-
-def main(*args) -> int:
-    return convert.main([str(a) for a in args])
-
-
-def tree(root: Path, hidden: bool = True) -> dict[str, str]:
-    """sha256 of every file under root (the state folder too unless hidden=False)."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).as_posix()
-        if p.is_file() and (hidden or not rel.startswith(".")):
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 @pytest.fixture(scope="module")

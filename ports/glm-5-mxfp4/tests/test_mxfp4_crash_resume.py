@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_mxfp4_convert import PORT_ROOT, main, tree
 
 from packtests import glm_moe_dsa_tiny
+from packtests.mxfp4_convert import PORT_ROOT, main, tree
 
 
 def _cmd(src: Path, dst: Path) -> list[str]:

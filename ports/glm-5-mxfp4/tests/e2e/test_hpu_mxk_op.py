@@ -13,9 +13,10 @@ Runs in the mxfp4-runner stage (its own process: the emulation is activated here
 
 from __future__ import annotations
 
-import emulated_card
 import pytest
 import torch
+
+from packtests import emulated_card
 
 emulated_card.require_own_process()
 

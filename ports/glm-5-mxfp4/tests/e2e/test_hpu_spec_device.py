@@ -11,9 +11,10 @@ import importlib.util
 import itertools
 from pathlib import Path
 
-import emulated_card
 import pytest
 import torch
+
+from packtests import emulated_card
 
 emulated_card.require_own_process()
 pytest.importorskip("vllm.v1.sample.rejection_sampler")
