@@ -34,6 +34,7 @@ def activate():
 
     hpu_emulation.activate()
     import habana_frameworks.torch  # noqa: F401
+
     from hpu_emulation import counting
 
     return counting

@@ -3,6 +3,8 @@ kinds, MoE, mHC, the vision tower; and an offline WordLevel tokenizer saved alon
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import re
 from pathlib import Path
@@ -11,6 +13,8 @@ import torch
 
 from packtests import flash_reference as rh
 
+# the port's chat template (its serving folder), as the recipe's server is given it
+CHAT_TEMPLATE = Path(__file__).resolve().parents[1] / "ports" / "glm-5-3-flash" / "serving" / "chat_template.jinja"
 # Head size of the NoPE MLA heads: vLLM's CPU attention accepts 32 (not the harness's 16).
 HEAD = 32
 
@@ -252,3 +256,35 @@ def dequantize_with_transformers(
         if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
             shutil.copy(f, dst / f.name)
     return deq
+
+
+def png_data_url(image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def image_message(cfg, images: list, seed: int = 0) -> list[dict]:
+    """One user turn: words, then each image followed by words (text before, between, after)."""
+    import torch
+
+    g = torch.Generator().manual_seed(2000 + seed)
+    words = lambda k: " ".join(f"w{i}" for i in torch.randint(2, 240, (k,), generator=g).tolist())  # noqa: E731
+    parts = [{"type": "text", "text": words(5) + " "}]
+    for im in images:
+        parts += [
+            {"type": "image_url", "image_url": {"url": png_data_url(im)}},
+            {"type": "text", "text": " " + words(3) + " "},
+        ]
+    return [{"role": "user", "content": parts}]
+
+
+def rendered_ids(path, messages) -> list[int]:
+    """The port's chat template rendered by transformers and tokenized: one <|image|> per image."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    text = tok.apply_chat_template(
+        messages, chat_template=CHAT_TEMPLATE.read_text(), add_generation_prompt=True, tokenize=False
+    )
+    return tok.encode(text, add_special_tokens=False)

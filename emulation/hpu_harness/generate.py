@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     from hpu_harness.instrument import instrument_runner
 
     instrument_runner(phases=args.phases)
-    from hpu_emulation import counting, memory
     from vllm import LLM, SamplingParams, TokensPrompt
+
+    from hpu_emulation import counting, memory
 
     engine = dict(
         dtype="bfloat16",

@@ -1,12 +1,14 @@
 """The emulated card's device layer: creation, transfers, the index semantics (card tensors only),
 host-sync counting, HPU-graph regions and card memory. Plain PyTorch references throughout."""
 
-import hpu_emulation
 import pytest
 import torch
 
+import hpu_emulation
+
 hpu_emulation.activate()
 import habana_frameworks.torch as htorch  # noqa: E402
+
 from hpu_emulation import counting, device, memory  # noqa: E402
 
 

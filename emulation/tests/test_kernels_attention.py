@@ -2,7 +2,7 @@
 
 References build every mask explicitly (float -inf masks, GQA by repeat_interleave of the kv
 heads) and call PyTorch's SDPA; the sink reference rescales SDPA's output with a log-sum-exp
-computed by torch.logsumexp. Tolerances: see _helpers.TOL.
+computed by torch.logsumexp. Tolerances: see packtests/kernel_checks.py TOL.
 """
 
 import importlib
@@ -11,10 +11,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import assert_close, close
+
 from hpu_emulation import ops
 from hpu_emulation.kernels import attention as A
 from hpu_emulation.kernels.fp8 import fp8_quantize
+from packtests.kernel_checks import assert_close, close
 
 ops.register()
 DTYPES = [torch.float32, torch.bfloat16]

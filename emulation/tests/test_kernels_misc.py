@@ -2,7 +2,7 @@
 
 Independent references: torch.nn.functional.rms_norm; RoPE as complex multiplication; FP8 via
 torch's own float8 casts; paged attention (block_softmax + adjustment) vs dense SDPA per
-sequence; uint4 via bit-by-bit packing in Python loops. Tolerances: see _helpers.TOL.
+sequence; uint4 via bit-by-bit packing in Python loops. Tolerances: see packtests/kernel_checks.py TOL.
 """
 
 import importlib
@@ -11,13 +11,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import assert_close, close
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from hpu_emulation import ops
 from hpu_emulation.config import card
 from hpu_emulation.kernels import fp8 as FP8
 from hpu_emulation.kernels import quant as Q
 from hpu_emulation.kernels import rope as R
-from torch.utils._python_dispatch import TorchDispatchMode
+from packtests.kernel_checks import assert_close, close
 
 ops.register()
 DTYPES = [torch.float32, torch.bfloat16]

@@ -3,7 +3,7 @@
 The reference walks every (token, top-k slot), looks the expert up, and applies the MLP with
 float32 weights dequantised by explicit formulas (FP8: value * scale, expanded block by block
 with Python loops; MXFP4: the project's own numpy reference ports/glm-5-mxfp4/glm5_mxfp4).
-Tolerances: see _helpers.TOL.
+Tolerances: see packtests/kernel_checks.py TOL.
 """
 
 import sys
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import REPO_PATHS, assert_close, close
+
 from hpu_emulation import ops
 from hpu_emulation.config import card
 from hpu_emulation.kernels import moe as M
+from packtests.kernel_checks import REPO_PATHS, assert_close, close
 
 ops.register()
 DTYPES = [torch.float32, torch.bfloat16]

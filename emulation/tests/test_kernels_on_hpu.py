@@ -18,6 +18,7 @@ def hpu():
 
     hpu_emulation.activate()
     import habana_frameworks.torch  # noqa: F401  (registers the hpu device, as the bridge does)
+
     from hpu_emulation import counting
 
     return counting

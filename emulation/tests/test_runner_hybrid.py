@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _runner_serve as rs  # noqa: E402
+from packtests import runner_serve as rs  # noqa: E402
 
 _reason = rs.vllm_available()
 if _reason:

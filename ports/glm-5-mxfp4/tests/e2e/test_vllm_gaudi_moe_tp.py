@@ -23,25 +23,20 @@ import sys
 from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parents[3] / "emulation", HERE.parents[1]):  # + the port (glm5_hpu)
-    sys.path.insert(0, str(path))
-
 import torch  # noqa: E402
-from test_vllm_gaudi_emulation import (  # noqa: E402  (skips where it skips)
+
+from glm5_hpu import placement  # noqa: E402
+from packtests import glm_moe_dsa_tiny  # noqa: E402
+from packtests.mxfp4_runner import (  # noqa: E402  (skips outside .venv-cpu)
     MTP,
     OVERRIDES,
     TIE,
-    _serve,
     check_mtp_outputs,
     dequantized_greedy,
     development_tree,
     repeating_draft,
+    serve,
 )
-
-from glm5_hpu import placement  # noqa: E402
-from packtests import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow
 INTER = 128  # moe_intermediate_size of this file's checkpoint
@@ -169,7 +164,7 @@ def test_moe_tp_2_on_two_ranks_one_group_half_width_each(tree, ckpt, reference, 
     """GLM_MOE_TP=2 over TP 2 with expert parallel: one expert group of both ranks; each holds all
     8 experts of each MoE layer at 64 of 128 (its half: rank 0 the first), and the greedy tokens
     match the reference, batched and alone."""
-    proc, result = _serve(tree, ckpt[1], monkeypatch, engine_args=_ep(2), extra=PROBE, GLM_MOE_TP=2)
+    proc, result = serve(tree, ckpt[1], monkeypatch, engine_args=_ep(2), extra=PROBE, GLM_MOE_TP=2)
     assert result is not None, proc.stderr[-6000:]
     reference.check_divergence(result["batched"], TIE)
     reference.check_divergence(result["alone"], TIE)
@@ -181,7 +176,7 @@ def one_group(tree, ckpt):
     """GLM_MOE_TP=2 on two ranks with the top-5 logprobs of every greedy token: the run a placement
     must reproduce bit for bit."""
     with pytest.MonkeyPatch.context() as mp:
-        proc, result = _serve(tree, ckpt[1], mp, engine_args=_ep(2), extra=["--logprobs", "5"], GLM_MOE_TP=2)
+        proc, result = serve(tree, ckpt[1], mp, engine_args=_ep(2), extra=["--logprobs", "5"], GLM_MOE_TP=2)
     assert result is not None, proc.stderr[-6000:]
     return result
 
@@ -195,7 +190,7 @@ def test_a_placement_on_one_group_gives_the_same_bits(tree, ckpt, reference, pla
     experts is the same in either order (top-2; with more choices per token it could round
     differently)."""
     path, order = placement_file
-    proc, result = _serve(
+    proc, result = serve(
         tree,
         ckpt[1],
         monkeypatch,
@@ -220,7 +215,7 @@ def test_moe_tp_2_on_four_ranks_two_groups_with_a_placement_and_the_glm_kernels(
     batched and alone (another summation order than one rank's: compared with the reference, not
     bit for bit)."""
     path, order = placement_file
-    proc, result = _serve(
+    proc, result = serve(
         tree,
         ckpt[1],
         monkeypatch,
@@ -262,7 +257,7 @@ def test_the_seed_launch_with_mtp_and_every_switch_on(
     if ranks == 8:
         _, reference, draft = request.getfixturevalue("eight_heads")
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
-    proc, result = _serve(
+    proc, result = serve(
         tree,
         draft,
         monkeypatch,
@@ -332,7 +327,7 @@ def test_negative_control_a_wrong_slice_parts_from_the_reference(tree, ckpt, ref
     catches it, but on this tiny model, whose routed experts are small next to the rest, its tokens
     part from the reference only at near-ties: the comparison alone would not catch it.)"""
     extra = [*PROBE, *_fault(tmp_path, "glm_fault_slice", UP_OF_THE_OTHER_RANK)]
-    proc, result = _serve(tree, ckpt[1], monkeypatch, alone=False, engine_args=_ep(2), extra=extra, GLM_MOE_TP=2)
+    proc, result = serve(tree, ckpt[1], monkeypatch, alone=False, engine_args=_ep(2), extra=extra, GLM_MOE_TP=2)
     assert result is not None, proc.stderr[-6000:]
     with pytest.raises(AssertionError):
         _check_holdings(result, ckpt[1], 2, 2)
@@ -348,7 +343,7 @@ def test_negative_control_router_ids_not_mapped_to_slots_part_from_the_reference
     token reaches whatever expert sits in the slot its expert id names, and the tokens part."""
     path, _ = placement_file
     extra = _fault(tmp_path, "glm_fault_ids", IDS_NOT_MAPPED)
-    proc, result = _serve(
+    proc, result = serve(
         tree, ckpt[1], monkeypatch, alone=False, engine_args=_ep(2), extra=extra, GLM_MOE_TP=2, GLM_MOE_PLACEMENT=path
     )
     assert result is not None, proc.stderr[-6000:]
@@ -365,7 +360,7 @@ def test_bad_layouts_and_a_bad_placement_file_stop_the_engine_naming_them(tree, 
     body["layers"]["2"] = [0, 1, 2, 3, 4, 5, 6, 0]
     bad.write_text(json.dumps(body))
     engine = ["tensor_parallel_size=2", "distributed_executor_backend=mp"]
-    proc, result = _serve(
+    proc, result = serve(
         tree, ckpt[1], monkeypatch, alone=False, engine_args=engine, GLM_MOE_TP=2, GLM_MOE_PLACEMENT=bad
     )
     assert result is None

@@ -13,7 +13,8 @@ import json
 import textwrap
 
 import pytest
-from test_vllm_gaudi_emulation import MTP, PORT, _serve, ckpt, constant_draft, tree  # noqa: F401
+
+from packtests.mxfp4_runner import MTP, PORT, serve
 
 pytestmark = pytest.mark.slow
 SPEC = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
@@ -65,7 +66,7 @@ def _proposals(proc) -> list[dict]:
 
 
 def _serve_mtp(release, model, monkeypatch, **switches):
-    proc, result = _serve(
+    proc, result = serve(
         release,
         model,
         monkeypatch,
@@ -107,15 +108,15 @@ def _read_at(step: dict, site: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def device_reject(tree, constant_draft):  # noqa: F811
+def device_reject(tree, constant_draft):
     """MTP with GLM_SPEC_DEVICE_REJECT=1 and GLM_EARLY_DRAFT=0: vLLM's drafting after the step."""
     with pytest.MonkeyPatch.context() as mp:
         return _serve_mtp(tree, constant_draft, mp, GLM_SPEC_DEVICE_REJECT=1, GLM_EARLY_DRAFT=0)
 
 
 def test_early_draft_keeps_every_output_and_reads_the_card_once_per_verify_step(
-    tree,  # noqa: F811
-    constant_draft,  # noqa: F811
+    tree,
+    constant_draft,
     device_reject,
     monkeypatch,
 ):
@@ -189,7 +190,7 @@ HPUModelRunner.take_draft_token_ids = probe
 
 def _serve_chunks(release, model, monkeypatch, *, mtp: bool, engine_args=()):
     spec = [f"speculative_config={SPEC}"] if mtp else []
-    proc, result = _serve(
+    proc, result = serve(
         release,
         model,
         monkeypatch,
@@ -214,21 +215,21 @@ def _first_drafts(proc) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def whole_prompts(tree, ckpt):  # noqa: F811
+def whole_prompts(tree, ckpt):
     """MTP (the random draft: its drafts differ from request to request), every prompt prefilled in
     one step."""
     with pytest.MonkeyPatch.context() as mp:
         return _serve_chunks(tree, ckpt[1], mp, mtp=True)
 
 
-def test_chunked_prefill_alone_keeps_the_greedy_tokens(tree, ckpt, whole_prompts, monkeypatch):  # noqa: F811
+def test_chunked_prefill_alone_keeps_the_greedy_tokens(tree, ckpt, whole_prompts, monkeypatch):
     """The control for the test below: the same chunking without MTP gives the same greedy tokens as
     the unchunked MTP run."""
     _, result = _serve_chunks(tree, ckpt[1], monkeypatch, mtp=False, engine_args=CHUNKED)
     assert result["batched"] == whole_prompts[1]["batched"]
 
 
-def test_drafting_with_chunked_prefill_keeps_drafts_and_greedy_tokens(tree, ckpt, whole_prompts, monkeypatch):  # noqa: F811
+def test_drafting_with_chunked_prefill_keeps_drafts_and_greedy_tokens(tree, ckpt, whole_prompts, monkeypatch):
     """MTP with the long prompt's first chunk and three complete short prompts in one step: the
     runner hands one draft row per request, each short prompt's first draft is the one it gets
     unchunked, and the greedy tokens do not change. Without the port fix spec-chunked-prefill-drafts
@@ -283,7 +284,7 @@ def _drafts_by_request(proc) -> dict[int, list[list[int]]]:
 
 def _serve_residual(release, model, monkeypatch, *, fixed: bool):
     prelude = TAKE_PROBE + MTP_SHAPES_PROBE + ("" if fixed else NO_RESIDUAL_FIX)
-    proc, result = _serve(
+    proc, result = serve(
         release,
         model,
         monkeypatch,
@@ -302,7 +303,7 @@ def _batched_drafts_equal_alone(proc, n: int) -> bool:
     return all(got[i] == got[i + n] for i in range(n))
 
 
-def test_mtp_layer_keeps_one_row_per_token_and_drafts_do_not_depend_on_the_batch(tree, ckpt, monkeypatch):  # noqa: F811
+def test_mtp_layer_keeps_one_row_per_token_and_drafts_do_not_depend_on_the_batch(tree, ckpt, monkeypatch):
     """The MTP residual shape (README, port patches, row 6), with the random draft (drafts differ by
     request): every call of vLLM's MTP layer returns one row per input row (decode: [rows, 1,
     hidden], as its input), and each request's drafts batched equal its drafts alone. Without

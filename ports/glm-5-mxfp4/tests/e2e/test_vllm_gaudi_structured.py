@@ -29,7 +29,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_vllm_gaudi_emulation import _serve, ckpt, constant_draft, tree  # noqa: F401  - fixtures
+
+from packtests.mxfp4_runner import serve
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -85,7 +86,7 @@ STRUCTURED = [
 
 
 @pytest.fixture(scope="module")
-def structured_ckpt(constant_draft, tmp_path_factory):  # noqa: F811
+def structured_ckpt(constant_draft, tmp_path_factory):
     """The constant-draft checkpoint with a byte-level tokenizer whose token 0 is '"' and whose EOS
     (id 252) is also the config's and the generation config's, so EOS is the one stop token."""
     import subprocess
@@ -115,10 +116,10 @@ def structured_ckpt(constant_draft, tmp_path_factory):  # noqa: F811
     return out
 
 
-def _structured(tree, model, mtp: bool):  # noqa: F811
+def _structured(tree, model, mtp: bool):
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
     with pytest.MonkeyPatch.context() as mp:
-        proc, result = _serve(
+        proc, result = serve(
             tree,
             model,
             mp,
@@ -132,12 +133,12 @@ def _structured(tree, model, mtp: bool):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def with_mtp(tree, structured_ckpt):  # noqa: F811
+def with_mtp(tree, structured_ckpt):
     return _structured(tree, structured_ckpt, mtp=True)
 
 
 @pytest.fixture(scope="module")
-def without_mtp(tree, structured_ckpt):  # noqa: F811
+def without_mtp(tree, structured_ckpt):
     return _structured(tree, structured_ckpt, mtp=False)
 
 

@@ -5,9 +5,9 @@ Module layout follows Intel Gaudi's PyTorch documentation (``habana_frameworks.t
 """
 
 import torch  # noqa: F401 - vllm-gaudi does `from habana_frameworks.torch import torch`
-from hpu_emulation import activate_device
 
 from habana_frameworks.torch import core, hpu, utils  # noqa: F401
+from hpu_emulation import activate_device
 
 activate_device()
 

@@ -8,12 +8,12 @@ nothing to wait for. ``mem_get_info`` reports the declared card (``HPU_EMULATION
 import contextlib
 
 import torch
-from hpu_emulation import config, memory
-from hpu_emulation.errors import missing
 
 from habana_frameworks.torch.hpu import graphs, metrics, random  # noqa: F401
 from habana_frameworks.torch.hpu.graphs import wrap_in_hpu_graph  # noqa: F401
 from habana_frameworks.torch.hpu.random import manual_seed, manual_seed_all  # noqa: F401
+from hpu_emulation import config, memory
+from hpu_emulation.errors import missing
 
 
 def is_available() -> bool:

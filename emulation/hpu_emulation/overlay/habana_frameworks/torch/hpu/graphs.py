@@ -9,6 +9,7 @@ for the host-sync counter (``hpu_emulation.counting``).
 import functools
 
 import torch
+
 from hpu_emulation import counting
 from hpu_emulation.config import is_lazy
 

