@@ -115,7 +115,7 @@ runpy.run_path(%r, run_name="__main__")
 @pytest.mark.release
 @pytest.mark.parametrize("mode", ["as-released", "corrupt"])
 def test_gather_logprobs_gate_runs_on_cpu_against_the_release(tmp_path, mode):
-    from tests.release.test_real_release import release_tree
+    from packtests.release_check import release_tree
 
     tree, _ = release_tree(tmp_path)
     script = GATHER_RUN % str(REPO / "gates" / "gather-logprobs-int32" / "device_gate.py")

@@ -12,38 +12,7 @@ import pytest
 
 from fixpack.sandbox.forkserver import ForkServer, ServerDied
 from packtests.builders import REPO
-
-SRC = "def f():\n    return 1\n"
-
-
-def job(tmp_path: Path, name: str, body: str) -> dict:
-    fix = tmp_path / name
-    fix.mkdir()
-    (fix / "codemod.py").write_text(
-        "import os, sys\nimport libcst as cst\nimport libcst.matchers as m\nfrom fixpack.kinds.codemod import Codemod\n\n\n"
-        "def replace_once(node, old, new):\n    return cst.parse_statement(cst.Module([]).code_for_node(node).replace(old, new, 1))\n\n\n"
-        "class R(Codemod):\n    DESCRIPTION = 'test'\n    TARGET = 'pkg/t.py'\n    PLACES = ('f',)\n\n"
-        "    @m.leave(m.FunctionDef(name=m.Name('f')))\n"
-        "    def f(self, original, updated):\n        return self.at('f', updated, self.rewrite(updated))\n\n"
-        f"    def rewrite(self, node):\n        {body}\n"
-    )
-    src = tmp_path / "t.py"
-    src.write_text(SRC)
-    stage = tmp_path / f"stage-{name}"
-    stage.mkdir()
-    return {"fix_dir": str(fix), "kind": "codemod", "stage_dir": str(stage), "targets": [{"rel": "pkg/t.py", "src": str(src), "out": str(stage / "0.out")}]}
-
-
-@pytest.fixture
-def server(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
-    s = ForkServer(env, cwd=str(tmp_path))
-    yield s
-    s.close()
-
-
-def result(reply: dict) -> dict:
-    return json.loads(reply["stdout"].strip().splitlines()[-1])
+from packtests.forkserver_jobs import SRC, job, result
 
 
 def test_jobs_run_in_children_of_one_server(server, tmp_path):

@@ -14,9 +14,9 @@ from fixpack.errors import ConfigError
 from fixpack.sandbox import limits
 from packtests import builders as B
 from packtests import reliability_lib as L
+from packtests.forkserver_jobs import job, result
 from packtests.hostile_cases import Ctx
 from packtests.sandbox_cases import PRELUDE
-from tests.integration.test_forkserver import job, result, server  # noqa: F401 - the fixture
 
 
 def test_limits_parse_defaults_and_overrides():
@@ -72,7 +72,7 @@ def test_a_bad_limits_setting_is_a_configuration_error(tmp_path):
     assert r.returncode == 2 and "FIXPACK_LIMITS: as=lots: expected a positive whole number" in r.stderr, r.stderr
 
 
-def test_output_is_kept_up_to_a_bound_with_the_rest_counted(server, tmp_path):  # noqa: F811 - the fixture
+def test_output_is_kept_up_to_a_bound_with_the_rest_counted(server, tmp_path):
     from fixpack.sandbox.forkserver import HEAD_BYTES, TAIL_BYTES
 
     flood = 64 << 20

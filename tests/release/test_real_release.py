@@ -8,21 +8,9 @@ import json
 import pytest
 
 from packtests.builders import REPO, apply_all, fixpack
-from packtests.release_check import proof_holds
+from packtests.release_check import proof_holds, release_tree
 
 pytestmark = pytest.mark.release
-
-
-def release_tree(tmp_path):
-    from fixpack.errors import SourceUnavailable
-    from fixpack.pack.pack import Pack
-    from fixpack.sources import sources
-
-    profile = Pack(REPO).profile("v0.26.0")
-    try:
-        return sources.materialise(profile.base["sources"], tmp_path / "tree"), profile
-    except SourceUnavailable as exc:
-        pytest.skip(f"RELEASE SOURCES UNAVAILABLE, real-target tests skipped: {exc}")
 
 
 def manifest():
