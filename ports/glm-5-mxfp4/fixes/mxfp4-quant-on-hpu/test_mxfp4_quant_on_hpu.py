@@ -25,30 +25,9 @@ def hpu(tree, monkeypatch):
 def checkpoint(path):
     """The config.json of a tiny GLM-5.3 as the port's converter writes it (no weights: vLLM
     verifies the quantization before it loads any)."""
-    from transformers import GlmMoeDsaConfig
+    from packtests import glm_moe_dsa_tiny
 
-    cfg = GlmMoeDsaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=64,
-        num_hidden_layers=2,
-        first_k_dense_replace=1,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=32,
-        kv_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=16,
-        v_head_dim=16,
-        index_topk=8,
-        index_head_dim=32,
-        index_n_heads=2,
-        max_position_embeddings=128,
-        architectures=["GlmMoeDsaForCausalLM"],
-    )
+    cfg = glm_moe_dsa_tiny.config(num_hidden_layers=2, architectures=["GlmMoeDsaForCausalLM"])
     # glm5_mxfp4.convert.quantization_config's keys vLLM reads (the rest are the converter's record)
     cfg.quantization_config = {"quant_method": "mxfp4", "block_size": 32}
     cfg.save_pretrained(path)

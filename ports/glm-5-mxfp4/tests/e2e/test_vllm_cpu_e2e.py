@@ -32,22 +32,14 @@ in_process_engine()
 
 import torch  # noqa: E402
 
+from glm5_hpu.switches import load_spec  # noqa: E402
 from packtests import glm_moe_dsa_tiny  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PORT = Path(__file__).resolve().parents[2]
 NEW_TOKENS = 10
 MAX_LEN = 128
-SWITCHES = (
-    "GLM_DSA_SPARSE",
-    "GLM_MXK",
-    "GLM_MXK_PREFILL",
-    "GLM_MOE_TP",
-    "GLM_MOE_PLACEMENT",
-    "GLM_ROUTER_FAST",
-    "GLM_EARLY_DRAFT",
-    "GLM_SPEC_DEVICE_REJECT",
-)
+SWITCHES = tuple(load_spec())  # every switch the port declares (its port.yaml)
 # dense reference attention (index_topk = every position); the latent size vLLM 0.30.0 CPU MLA
 # kernels take (kv_lora_rank + qk_rope_head_dim = 576, the real model's)
 OVERRIDES = dict(index_topk=MAX_LEN, kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=96)
