@@ -132,7 +132,7 @@ def run_shape(scheduler, late: int, step_ms: float, token_ms: float) -> dict:
 
 
 def child(args) -> None:
-    from fixpack.testing import tree_from_env, use_tree
+    from fixpack.proofs.release_tree import tree_from_env, use_tree
 
     use_tree(tree_from_env())
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"

@@ -41,7 +41,7 @@ def run_tests(fix_dir: Path, tree: Path) -> int:
     fix = load_fix(fix_dir.resolve())
     env = dict(os.environ, FIXPACK_TREE=str(tree), PYTHONDONTWRITEBYTECODE="1")
     tests = [str(fix.dir / t) for t in fix.meta["tests"]]
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fixpack.testing.plugin", "-p", "no:cacheprovider", "-o", "addopts=", *tests], env=env).returncode
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fixpack.proofs.pytest_plugin", "-p", "no:cacheprovider", "-o", "addopts=", *tests], env=env).returncode
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from typing import Any, TypedDict
 
 from fixpack.errors import ConfigError
 from fixpack.kinds.base import parse_python
-from fixpack.testing import RELEASE_ENV
+from fixpack.proofs.release_tree import RELEASE_ENV
 
 PKG_PARENT = str(Path(__file__).resolve().parents[2])
 _lock = threading.Lock()
@@ -59,7 +59,7 @@ class TestRun:
 
 # What every fix test imports before it reaches the tree: paid once per test server, not once
 # per run (the tree's own vllm / vllm_gaudi are never imported here: use_tree refuses them).
-PRELOAD = ("torch", "numpy", "transformers", "tokenizers", "pydantic", "msgspec", "pytest", "fixpack.testing.plugin")
+PRELOAD = ("torch", "numpy", "transformers", "tokenizers", "pydantic", "msgspec", "pytest", "fixpack.proofs.pytest_plugin")
 
 
 class TestServer:
@@ -122,7 +122,7 @@ def run_tests(fix, tree: Path, timeout: float, *, stop_at_first_failure: bool = 
         report = Path(d) / "report.json"
         env["FIXPACK_TEST_REPORT"] = str(report)
         tests = [str(fix.dir / t) for t in fix.meta["tests"]]
-        args = ["-q", "-p", "fixpack.testing.plugin", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(fix.dir)]
+        args = ["-q", "-p", "fixpack.proofs.pytest_plugin", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(fix.dir)]
         if stop_at_first_failure:
             args.append("-x")
         t0 = time.perf_counter()

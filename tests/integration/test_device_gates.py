@@ -97,7 +97,7 @@ def test_gather_logprobs_gate_compares_every_id_rank_and_value():
 
 GATHER_RUN = """
 import json, runpy, sys
-from fixpack.testing import tree_from_env, use_tree
+from fixpack.proofs.release_tree import tree_from_env, use_tree
 use_tree(tree_from_env())
 if sys.argv[1] == "corrupt":
     import vllm_gaudi.patches as p

@@ -1,4 +1,4 @@
-"""pytest plugin for fix tests: ``python -m pytest -p fixpack.testing.plugin fixes/<id>``.
+"""pytest plugin for fix tests: ``python -m pytest -p fixpack.proofs.pytest_plugin fixes/<id>``.
 
 Gives the fixture ``tree``: the release tree under test (FIXPACK_TREE), already first on
 sys.path with the hardware stubbed.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from fixpack.testing import RELEASE_ENV, tree_from_env, use_tree
+from fixpack.proofs.release_tree import RELEASE_ENV, tree_from_env, use_tree
 
 REPORT_ENV = "FIXPACK_TEST_REPORT"
 _ASSERT_HELPERS = ("/torch/testing/", "/numpy/testing/", "/_pytest/")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 TREE_ENV = "FIXPACK_TREE"
 # The release (profile name) the tree under test is; `fixpack check` sets it. Tests marked
-# ``releases("v0.30.0", ...)`` run only on the releases they name (fixpack.testing.plugin).
+# ``releases("v0.30.0", ...)`` run only on the releases they name (fixpack.proofs.pytest_plugin).
 RELEASE_ENV = "FIXPACK_RELEASE"
 
 
