@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-SEED_THRESHOLD = 32768  # keys a query must see before the top-k applies (the recipe's)
+DENSE_UNTIL_KEYS = 32768  # up to this many visible keys a query attends to all of them; past it, to its top-k
 
 
 def rope_cos_sin(config, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +149,7 @@ class DsaAttention:
     entry is "shared" has no indexer and reuses the previous full layer's selection."""
 
     def __init__(
-        self, config, w: Mapping[str, torch.Tensor], layer: int, *, sparse: bool, threshold: int = SEED_THRESHOLD
+        self, config, w: Mapping[str, torch.Tensor], layer: int, *, sparse: bool, threshold: int = DENSE_UNTIL_KEYS
     ):
         self.cfg, self.sparse, self.threshold = config, sparse, threshold
         if threshold < 0:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .dsa import SEED_THRESHOLD, DsaIndexer, rope_cos_sin
+from .dsa import DENSE_UNTIL_KEYS, DsaIndexer, rope_cos_sin
 from .switches import SwitchError
 
 logger = logging.getLogger(__name__)
@@ -62,11 +62,11 @@ def threshold(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     raw = env.get(TEST_THRESHOLD)
     if raw is None:
-        return SEED_THRESHOLD
+        return DENSE_UNTIL_KEYS
     if env.get(TEST_FLAG) != "1":
         raise SwitchError(
             f"{TEST_THRESHOLD}={raw}: a test-only setting (it changes the model's attention); it is read only "
-            f"with {TEST_FLAG}=1. Unset {TEST_THRESHOLD} to serve the model's threshold ({SEED_THRESHOLD})"
+            f"with {TEST_FLAG}=1. Unset {TEST_THRESHOLD} to serve the model's threshold ({DENSE_UNTIL_KEYS})"
         )
     try:
         value = int(raw)

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import placement
-from .dsa import SEED_THRESHOLD
+from .dsa import DENSE_UNTIL_KEYS
 from .switches import Switches, resolve_auto
 
 BLOCK = 32  # elements per MXFP4 block (one E8M0 scale): GLM_MOE_TP splits whole blocks only
@@ -47,7 +47,7 @@ def hpu_not_built(
     max_model_len: int,
     speculative: bool,
     kernels_missing: str | None = None,
-    threshold: int = SEED_THRESHOLD,
+    threshold: int = DENSE_UNTIL_KEYS,
     shared_indexer_layers: Sequence[int] = (),
     tensor_parallel: int = 1,
     expert_parallel: bool = False,

@@ -421,7 +421,7 @@ def collect(
     import torch
     import torch.nn.functional as F
 
-    from .dsa import SEED_THRESHOLD, DsaAttention, DsaCache, rms_norm
+    from .dsa import DENSE_UNTIL_KEYS, DsaAttention, DsaCache, rms_norm
     from .moe_mxfp4 import GlmMoeMxfp4
 
     cfg = ckpt.config
@@ -432,7 +432,7 @@ def collect(
     moe = set(placement.moe_layers(cfg))
     e_count = cfg.n_routed_experts
     routing = Routing(e_count, cfg.num_experts_per_tok, {}, {})
-    threshold = SEED_THRESHOLD if threshold is None else threshold
+    threshold = DENSE_UNTIL_KEYS if threshold is None else threshold
 
     def run_layer(layer: int, hs: list, sel: list) -> tuple[list, list]:
         start = time.monotonic()

@@ -37,7 +37,7 @@ from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
 
 from . import placement as port_placement
-from .dsa import SEED_THRESHOLD
+from .dsa import DENSE_UNTIL_KEYS
 from .moe_mxfp4 import MxfpExperts
 from .router_config import ROUTER_DEFAULTS
 from .switches import SwitchError, read_switches
@@ -95,11 +95,11 @@ def _dense_configs(*model_configs):
 def _check_dsa_threshold(vllm_config) -> None:
     switches = read_switches()
     max_len = vllm_config.model_config.max_model_len
-    if switches.dsa_sparse and max_len > SEED_THRESHOLD:
+    if switches.dsa_sparse and max_len > DENSE_UNTIL_KEYS:
         raise ValueError(
             f"GLM_DSA_SPARSE=1 with --max-model-len {max_len}: on CPU the port runs dense attention, "
-            f"which is the model's DSA only up to {SEED_THRESHOLD} keys; the top-k above that is not "
-            f"built for vLLM's CPU path. Use --max-model-len <= {SEED_THRESHOLD} or GLM_DSA_SPARSE=0."
+            f"which is the model's DSA only up to {DENSE_UNTIL_KEYS} keys; the top-k above that is not "
+            f"built for vLLM's CPU path. Use --max-model-len <= {DENSE_UNTIL_KEYS} or GLM_DSA_SPARSE=0."
         )
 
 

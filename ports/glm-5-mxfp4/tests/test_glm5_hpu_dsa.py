@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm5_hpu.dsa import SEED_THRESHOLD, DsaAttention, DsaCache, DsaIndexer, rope_cos_sin, select
+from glm5_hpu.dsa import DENSE_UNTIL_KEYS, DsaAttention, DsaCache, DsaIndexer, rope_cos_sin, select
 from glm5_hpu.switches import read_switches
 
 T = 48
@@ -221,19 +221,19 @@ def test_a_shared_indexer_layer_reuses_the_previous_selection():
 
 def test_the_seeds_numbers():
     """32,768 keys or fewer: dense; from 32,769 keys: the 2,048 best-scored visible keys."""
-    t = SEED_THRESHOLD + 200
+    t = DENSE_UNTIL_KEYS + 200
     torch.manual_seed(0)
     scores = torch.rand(4, t)
-    q_pos = torch.tensor([100, SEED_THRESHOLD - 1, SEED_THRESHOLD, t - 1])
-    allowed = select(scores, q_pos, 2048, SEED_THRESHOLD, sparse=True)
-    assert allowed.sum(-1).tolist() == [101, SEED_THRESHOLD, 2048, 2048]
+    q_pos = torch.tensor([100, DENSE_UNTIL_KEYS - 1, DENSE_UNTIL_KEYS, t - 1])
+    allowed = select(scores, q_pos, 2048, DENSE_UNTIL_KEYS, sparse=True)
+    assert allowed.sum(-1).tolist() == [101, DENSE_UNTIL_KEYS, 2048, 2048]
     best = scores[3].topk(2048).indices
     assert bool(allowed[3, best].all())
-    assert not bool(allowed[2, SEED_THRESHOLD + 1 :].any())  # never a key the query cannot see
-    assert select(scores, q_pos, 2048, SEED_THRESHOLD, sparse=False).sum(-1).tolist() == [
+    assert not bool(allowed[2, DENSE_UNTIL_KEYS + 1 :].any())  # never a key the query cannot see
+    assert select(scores, q_pos, 2048, DENSE_UNTIL_KEYS, sparse=False).sum(-1).tolist() == [
         101,
-        SEED_THRESHOLD,
-        SEED_THRESHOLD + 1,
+        DENSE_UNTIL_KEYS,
+        DENSE_UNTIL_KEYS + 1,
         t,
     ]
 

@@ -17,7 +17,7 @@ NEG_INF = float("-inf")
 
 
 def test_threshold_is_the_seed_unless_the_test_flag_allows_another():
-    assert threshold({}) == dsa.SEED_THRESHOLD == 32768
+    assert threshold({}) == dsa.DENSE_UNTIL_KEYS == 32768
     assert threshold({"GLM_DSA_TEST": "1", "GLM_DSA_TEST_THRESHOLD": "16"}) == 16
     with pytest.raises(SwitchError, match="GLM_DSA_TEST_THRESHOLD=16: a test-only setting.*GLM_DSA_TEST=1"):
         threshold({"GLM_DSA_TEST_THRESHOLD": "16"})
