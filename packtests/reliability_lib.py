@@ -869,6 +869,39 @@ def fast_path_garbage_state(work: Path) -> str:
     return "fast path given a malformed state record: falls back to the engine, recovers"
 
 
+def planted_temp_symlink(work: Path) -> str:
+    """Someone who can write in the package folder plants a symlink at the engine's temporary
+    name (.mod.py.fixpack-tmp -> a file outside). The engine must never open it: the outside
+    file keeps its bytes, mode and owner, and the target ends a regular file at its pin."""
+    sc = Scenario(work)
+    victim = work / "victim.txt"
+    victim.write_bytes(b"do not touch\n")
+    os.chmod(victim, 0o600)
+    (sc.tree / "pkg_a" / ".mod.py.fixpack-tmp").symlink_to(victim)
+    r = sc.run("apply")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert victim.read_bytes() == b"do not touch\n" and stat.S_IMODE(os.stat(victim).st_mode) == 0o600
+    assert not (sc.tree / "pkg_a" / "mod.py").is_symlink()
+    sc.consistent()
+    return "symlink planted at the temporary name: removed, never written through"
+
+
+def setuid_mode_kept(work: Path) -> str:
+    """Mode bits (setgid/setuid and sticky included) and owner survive apply and revert."""
+    sc = Scenario(work)
+    p = sc.tree / "pkg_a" / "mod.py"
+    os.chown(p, 1234, 5678) if os.geteuid() == 0 else None
+    os.chmod(p, 0o6751)
+    want = (stat.S_IMODE(os.stat(p).st_mode), os.stat(p).st_uid, os.stat(p).st_gid)
+    assert sc.run("apply").returncode == 0
+    got = (stat.S_IMODE(os.stat(p).st_mode), os.stat(p).st_uid, os.stat(p).st_gid)
+    assert got == want, (oct(got[0]), got[1:], oct(want[0]), want[1:])
+    assert sc.run("revert", "--all").returncode == 0
+    got = (stat.S_IMODE(os.stat(p).st_mode), os.stat(p).st_uid, os.stat(p).st_gid)
+    assert got == want, (oct(got[0]), got[1:])
+    return "mode 6751 and owner 1234:5678 kept through apply and revert"
+
+
 def fault_scenarios() -> list[tuple[str, callable]]:
     """Every named fault scenario (the injected ENOSPC sweep is separate: fault_errno_at)."""
     return [
@@ -904,6 +937,8 @@ def fault_scenarios() -> list[tuple[str, callable]]:
         ("lock held by another process", held_lock),
         ("temporary file left by a killed run", leftovers_of_a_crash),
         ("fast path given a malformed state record", fast_path_garbage_state),
+        ("symlink planted at the temporary name", planted_temp_symlink),
+        ("setuid/setgid mode and owner kept", setuid_mode_kept),
     ]
 
 
@@ -1018,47 +1053,4 @@ def concurrency_scenarios() -> list[tuple[str, callable]]:
         ("8 x apply_all.py at once", lambda w: concurrent_apply(w, 8, "apply_all")),
         ("4 apply + 4 revert --all at once", concurrent_apply_and_revert),
         ("8 runs, the lock holder killed mid-commit", concurrent_with_a_killed_holder),
-    ]
-
-
-def planted_temp_symlink(work: Path) -> str:
-    """Someone who can write in the package folder plants a symlink at the engine's temporary
-    name (.mod.py.fixpack-tmp -> a file outside). The engine must never open it: the outside
-    file keeps its bytes, mode and owner, and the target ends a regular file at its pin."""
-    sc = Scenario(work)
-    victim = work / "victim.txt"
-    victim.write_bytes(b"do not touch\n")
-    os.chmod(victim, 0o600)
-    (sc.tree / "pkg_a" / ".mod.py.fixpack-tmp").symlink_to(victim)
-    r = sc.run("apply")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert victim.read_bytes() == b"do not touch\n" and stat.S_IMODE(os.stat(victim).st_mode) == 0o600
-    assert not (sc.tree / "pkg_a" / "mod.py").is_symlink()
-    sc.consistent()
-    return "symlink planted at the temporary name: removed, never written through"
-
-
-def setuid_mode_kept(work: Path) -> str:
-    """Mode bits (setgid/setuid and sticky included) and owner survive apply and revert."""
-    sc = Scenario(work)
-    p = sc.tree / "pkg_a" / "mod.py"
-    os.chown(p, 1234, 5678) if os.geteuid() == 0 else None
-    os.chmod(p, 0o6751)
-    want = (stat.S_IMODE(os.stat(p).st_mode), os.stat(p).st_uid, os.stat(p).st_gid)
-    assert sc.run("apply").returncode == 0
-    got = (stat.S_IMODE(os.stat(p).st_mode), os.stat(p).st_uid, os.stat(p).st_gid)
-    assert got == want, (oct(got[0]), got[1:], oct(want[0]), want[1:])
-    assert sc.run("revert", "--all").returncode == 0
-    got = (stat.S_IMODE(os.stat(p).st_mode), os.stat(p).st_uid, os.stat(p).st_gid)
-    assert got == want, (oct(got[0]), got[1:])
-    return "mode 6751 and owner 1234:5678 kept through apply and revert"
-
-
-_named = fault_scenarios
-
-
-def fault_scenarios() -> list[tuple[str, callable]]:  # noqa: F811 (extended)
-    return _named() + [
-        ("symlink planted at the temporary name", planted_temp_symlink),
-        ("setuid/setgid mode and owner kept", setuid_mode_kept),
     ]
