@@ -7,7 +7,9 @@ Two kinds of request, greedy, stopping at EOS:
 - ``tool_choice: "required"`` with two tools: the schema is made in the generate process by vLLM
   0.27.0's own ``vllm.tool_parsers.utils.get_json_schema_from_tools`` (what its OpenAI server's
   tool parser sets for such a request), and the reply parsed as that server parses a "required"
-  reply (a JSON list of ``FunctionDefinition``). The OpenAI server itself is not run.
+  reply (a JSON list of ``FunctionDefinition``). The OpenAI server itself serves such requests in
+  test_vllm_gaudi_openai_server.py, launched as the serving page's recipe: its glm47 tool parser
+  constrains "required" with the GLM-4.7 structural tag instead of this JSON list.
 
 Each prompt runs alone. Batched, the replies under MTP parted from those without MTP in one run of
 two (at a true/false choice of the first prompt), the MTP replies themselves differing between the
@@ -27,6 +29,7 @@ no whitespace, so a random model cannot pad a JSON value with blanks forever.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_vllm_gaudi_emulation import _serve, ckpt, constant_draft, tree  # noqa: F401  - fixtures
@@ -86,14 +89,19 @@ STRUCTURED = [
 
 @pytest.fixture(scope="module")
 def structured_ckpt(constant_draft, tmp_path_factory):  # noqa: F811
-    """The constant-draft checkpoint with a byte-level tokenizer whose token 0 is '"' and whose EOS
-    (id 252) is also the config's and the generation config's, so EOS is the one stop token."""
+    """The constant-draft checkpoint with the byte-level tokenizer (``byte_level``)."""
+    return byte_level(constant_draft, tmp_path_factory)
+
+
+def byte_level(model: Path, tmp_path_factory) -> Path:
+    """A copy of the checkpoint ``model`` with a byte-level tokenizer whose token 0 is '"' and whose
+    EOS (id 252) is also the config's and the generation config's, so EOS is the one stop token."""
     import subprocess
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     out = tmp_path_factory.mktemp("structured") / "GLM-tiny-MXFP4"
-    subprocess.run(["cp", "-r", f"{constant_draft}/.", str(out)], check=True)
+    subprocess.run(["cp", "-r", f"{model}/.", str(out)], check=True)
     # byte-level symbols of space, \n, \t, \r left out: no whitespace in the vocabulary
     symbols = sorted(set(pre_tokenizers.ByteLevel.alphabet()) - {"Ġ", "Ċ", "ĉ", "č"} - {'"'})
     vocab = {s: i for i, s in enumerate(['"', *symbols])}
