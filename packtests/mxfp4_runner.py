@@ -218,3 +218,79 @@ def check_mtp_outputs(result) -> tuple[int, int]:
     accepted = counts.get("vllm:spec_decode_num_accepted_tokens", 0)
     assert drafts > 0 and 0 < accepted < drafts, counts
     return drafts, accepted
+
+
+# Structured output (test_vllm_gaudi_structured.py, test_vllm_gaudi_openai_server.py).
+# Token ids below 94 are printable ASCII, so vLLM's detokenizer has no partial character of the
+# prompt to complete in the reply. The tools' list has no length limit ("required" asks for at
+# least one call), and a random model may never close it: these prompts close it (one call, two
+# calls, one call) in greedy decoding of transformers' reference of this checkpoint with the same
+# grammar (xgrammar), as found by trying prompts.
+STRUCTURED_PROMPTS = [[73, 9, 33, 16], [8, 12, 11, 47, 22, 86, 40, 33, 78], [41, 49, 55, 68, 22, 72]]
+EOS = 252  # the tokenizer's end of text, after its 252 byte symbols
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "colour": {"enum": ["red", "green", "blue"]},
+        "n": {"enum": [1, 2, 3]},
+    },
+    "required": ["ok", "colour", "n"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"enum": ["paris", "rome"]}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"enum": ["utc", "cet"]}},
+                "required": ["zone"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+
+
+def byte_level(model: Path, tmp_path_factory) -> Path:
+    """A copy of the checkpoint ``model`` with a byte-level tokenizer whose token 0 is '"' and whose
+    EOS (id 252) is also the config's and the generation config's, so EOS is the one stop token."""
+    import subprocess
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    out = tmp_path_factory.mktemp("structured") / "GLM-tiny-MXFP4"
+    subprocess.run(["cp", "-r", f"{model}/.", str(out)], check=True)
+    # byte-level symbols of space, \n, \t, \r left out: no whitespace in the vocabulary
+    symbols = sorted(set(pre_tokenizers.ByteLevel.alphabet()) - {"Ġ", "Ċ", "ĉ", "č"} - {'"'})
+    vocab = {s: i for i, s in enumerate(['"', *symbols])}
+    assert len(vocab) == EOS
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("<|eos|>", special=True)])
+    assert tok.token_to_id("<|eos|>") == EOS and tok.decode([0, vocab["a"]]) == '"a'
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|eos|>", "model_max_length": 512})
+    )
+    for name in ("config.json", "generation_config.json"):
+        if (out / name).exists():
+            config = json.loads((out / name).read_text())
+            config["eos_token_id"] = EOS
+            (out / name).write_text(json.dumps(config, indent=2))
+    return out

@@ -95,6 +95,11 @@ if [ -x .venv-cpu/bin/python ]; then
     ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_structured.py
   rc6=$?
   [ "$rc4" -eq 0 ] && rc4=$rc6
+  # vLLM's OpenAI server launched as the serving page's recipe (MTP, JSON schema, tool calls, /metrics)
+  bounded 900 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" "${FAULT[@]}" \
+    ports/glm-5-mxfp4/tests/e2e/test_vllm_gaudi_openai_server.py
+  rc6=$?
+  [ "$rc4" -eq 0 ] && rc4=$rc6
   # the port's ops on the emulated card: these activate the emulation in their own process
   bounded 600 env HPU_EMULATION_IN_PROCESS=1 .venv-cpu/bin/python -m pytest -p no:cacheprovider -q -rs -m "" \
     "${FAULT[@]}" ports/glm-5-mxfp4/tests/e2e/test_hpu_mxk_op.py ports/glm-5-mxfp4/tests/e2e/test_hpu_spec_device.py

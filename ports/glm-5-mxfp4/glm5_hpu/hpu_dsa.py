@@ -47,7 +47,9 @@ import torch
 from .dsa import DENSE_UNTIL_KEYS, DsaIndexer, rope_cos_sin
 from .switches import SwitchError
 
-logger = logging.getLogger(__name__)
+# a child of vLLM's "vllm" logger, whose handler vLLM configures: under our own name the lines
+# never reached a server's log
+logger = logging.getLogger(f"vllm.{__name__}")
 
 TEST_FLAG = "GLM_DSA_TEST"
 TEST_THRESHOLD = "GLM_DSA_TEST_THRESHOLD"

@@ -42,7 +42,9 @@ from .moe_mxfp4 import MxfpExperts
 from .router_config import ROUTER_DEFAULTS
 from .switches import SwitchError, read_switches
 
-logger = logging.getLogger(__name__)
+# a child of vLLM's "vllm" logger, whose handler vLLM configures: under our own name the lines
+# never reached a server's log
+logger = logging.getLogger(f"vllm.{__name__}")
 
 #: quantization_config["converter"] starts with this for the port's checkpoints
 CONVERTER = "glm5_mxfp4"

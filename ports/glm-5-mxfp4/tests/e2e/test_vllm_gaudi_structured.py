@@ -7,7 +7,9 @@ Two kinds of request, greedy, stopping at EOS:
 - ``tool_choice: "required"`` with two tools: the schema is made in the generate process by vLLM
   0.27.0's own ``vllm.tool_parsers.utils.get_json_schema_from_tools`` (what its OpenAI server's
   tool parser sets for such a request), and the reply parsed as that server parses a "required"
-  reply (a JSON list of ``FunctionDefinition``). The OpenAI server itself is not run.
+  reply (a JSON list of ``FunctionDefinition``). The OpenAI server itself serves such requests in
+  test_vllm_gaudi_openai_server.py, launched as the serving page's recipe: its glm47 tool parser
+  constrains "required" with the GLM-4.7 structural tag instead of this JSON list.
 
 Each prompt runs alone. Batched, the replies under MTP parted from those without MTP in one run of
 two (at a true/false choice of the first prompt), the MTP replies themselves differing between the
@@ -30,55 +32,13 @@ import json
 
 import pytest
 
-from packtests.mxfp4_runner import serve
+from packtests.mxfp4_runner import SCHEMA, TOOLS, byte_level, serve
+from packtests.mxfp4_runner import STRUCTURED_PROMPTS as PROMPTS
 
 jsonschema = pytest.importorskip("jsonschema")
 
 pytestmark = pytest.mark.slow
 
-# Token ids below 94 are printable ASCII, so vLLM's detokenizer has no partial character of the
-# prompt to complete in the reply. The tools' list has no length limit ("required" asks for at
-# least one call), and a random model may never close it: these prompts close it (one call, two
-# calls, one call) in greedy decoding of transformers' reference of this checkpoint with the same
-# grammar (xgrammar), as found by trying prompts.
-PROMPTS = [[73, 9, 33, 16], [8, 12, 11, 47, 22, 86, 40, 33, 78], [41, 49, 55, 68, 22, 72]]
-EOS = 252  # the tokenizer's end of text, after its 252 byte symbols
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "ok": {"type": "boolean"},
-        "colour": {"enum": ["red", "green", "blue"]},
-        "n": {"enum": [1, 2, 3]},
-    },
-    "required": ["ok", "colour", "n"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"enum": ["paris", "rome"]}, "unit": {"enum": ["c", "f"]}},
-                "required": ["city", "unit"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "parameters": {
-                "type": "object",
-                "properties": {"zone": {"enum": ["utc", "cet"]}},
-                "required": ["zone"],
-                "additionalProperties": False,
-            },
-        },
-    },
-]
 STRUCTURED = [
     {"json": SCHEMA, "max_tokens": 64, "alone": True},
     {"tools": TOOLS, "tool_choice": "required", "max_tokens": 160, "alone": True},
@@ -87,33 +47,8 @@ STRUCTURED = [
 
 @pytest.fixture(scope="module")
 def structured_ckpt(constant_draft, tmp_path_factory):
-    """The constant-draft checkpoint with a byte-level tokenizer whose token 0 is '"' and whose EOS
-    (id 252) is also the config's and the generation config's, so EOS is the one stop token."""
-    import subprocess
-
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    out = tmp_path_factory.mktemp("structured") / "GLM-tiny-MXFP4"
-    subprocess.run(["cp", "-r", f"{constant_draft}/.", str(out)], check=True)
-    # byte-level symbols of space, \n, \t, \r left out: no whitespace in the vocabulary
-    symbols = sorted(set(pre_tokenizers.ByteLevel.alphabet()) - {"Ġ", "Ċ", "ĉ", "č"} - {'"'})
-    vocab = {s: i for i, s in enumerate(['"', *symbols])}
-    assert len(vocab) == EOS
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken("<|eos|>", special=True)])
-    assert tok.token_to_id("<|eos|>") == EOS and tok.decode([0, vocab["a"]]) == '"a'
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|eos|>", "model_max_length": 512})
-    )
-    for name in ("config.json", "generation_config.json"):
-        if (out / name).exists():
-            config = json.loads((out / name).read_text())
-            config["eos_token_id"] = EOS
-            (out / name).write_text(json.dumps(config, indent=2))
-    return out
+    """The constant-draft checkpoint with the byte-level tokenizer (``byte_level``)."""
+    return byte_level(constant_draft, tmp_path_factory)
 
 
 def _structured(tree, model, mtp: bool):
