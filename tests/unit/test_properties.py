@@ -86,8 +86,9 @@ def make_diff(rel: str, old: bytes, new: bytes) -> bytes:
     a = [part.decode() for part in split_keep(old)]
     b = [part.decode() for part in split_keep(new)]
     out = []
-    for line in difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}", lineterm="\n"):
-        if line.startswith(("---", "+++")):
+    for i, line in enumerate(difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}", lineterm="\n")):
+        # the two file headers come first; later a removed "--" or added "++" line starts alike
+        if i < 2:
             out.append(line if line.endswith("\n") else line + "\n")
         elif line.startswith("@@"):
             out.append(line)
