@@ -1,5 +1,5 @@
 """fsdpa-softmax-mode: VLLM_HPU_FSDPA_SOFTMAX_MODE chooses the softmax FusedSDPA runs in prompt
-attention ("None", the kernel's accurate softmax, as the GLM-5.3 launch block sets it); unset,
+attention ("None", the kernel's accurate softmax, as the GLM-5.3 recipe's launch line sets it); unset,
 the tree's own rule holds; any other value stops the start.
 
 Real code: vllm_gaudi's runtime config, built as a server start builds it (the environment read
@@ -27,7 +27,7 @@ def config(tree, monkeypatch):
     def start(**overrides):
         """The runtime config a server start makes, from the environment as it is now."""
         runtime.clear_config()
-        # The card is the launch block's (Gaudi 2); detection asks the bridge (stubbed) for it, and
+        # The card is the recipe's (Gaudi 2); detection asks the bridge (stubbed) for it, and
         # for the INC package of the Gaudi image (neural_compressor_pt) for the last two, which
         # only matter with data parallelism or per-token KV scales, unused here.
         return runtime.get_config(hw="gaudi2", use_dispatch_fn=False, per_token_kv_scaling_support=False, **overrides)
@@ -56,7 +56,6 @@ def prompt(op):
     """One prompt through ops.prompt_attention, impl fsdpa_impl, with the arguments HPUMLAImpl's
     forward_mha passes; the softmax modes the op got."""
     import torch
-
     from vllm_gaudi.extension import ops
 
     q, k, v = (torch.randn(B, S, H, D) for _ in range(3))
@@ -93,10 +92,9 @@ def test_the_variable_chooses_fused_sdpa_s_softmax(config, monkeypatch, mode, fp
 
 
 def test_glm_mla_prefill_runs_fused_sdpa_with_the_accurate_softmax(config, monkeypatch):
-    """The launch block's VLLM_HPU_FSDPA_SOFTMAX_MODE=None reaches FusedSDPA.apply through the MLA
+    """The recipe launch line's VLLM_HPU_FSDPA_SOFTMAX_MODE=None reaches FusedSDPA.apply through the MLA
     prefill of GLM-5.3 (HPUMLAAttention.forward_impl calls impl.forward_mha for a prompt)."""
     import torch
-
     from vllm_gaudi.attention.backends.hpu_attn import HPUMLAImpl
     from vllm_gaudi.extension.utils import ModuleFusedSDPA
 
