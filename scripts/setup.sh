@@ -5,7 +5,6 @@
 # fixpack cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 # Disk first: the four venvs take about 16 GB (measured: .venv 3.0, .venv-tf514 2.8, .venv-cpu 6.2,
 # .venv-cpu030 3.5 GB) and pip unpacks wheels beside them; a full disk half-way through pip leaves
 # a broken venv and an OSError far from its cause, so say it here, before anything is installed.
@@ -22,19 +21,20 @@ if [ "$free" -lt "$need" ]; then
   echo "setup: free some space (FIXPACK_SKIP_E2E=1 skips .venv-cpu and .venv-cpu030, 11 GB); nothing was installed." >&2
   exit 1
 fi
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-# torch first and pinned: 2.13.0 is the CPU build; any other version pulls a multi-GB CUDA build.
-pip install torch==2.13.0
-pip install -e '.[test]'
+# uv makes the venvs and installs into them from one cache (scripts/uv.sh).
+# shellcheck source=SCRIPTDIR/uv.sh
+source scripts/uv.sh
+uv_bootstrap
+# torch first and pinned: 2.13.0+cpu is the CPU build (this machine's find-links); any other
+# version pulls a multi-GB CUDA build.
+uvpip .venv torch==2.13.0+cpu
+uvpip .venv -e '.[test]'
 # lint and type-check tools (pre-commit's hooks call them in .venv)
-pip install -r requirements/dev.txt
-pip install -r requirements/vllm-0.26.0-cpu.txt
-pip install transformers==5.23.0
+uvpip .venv -r requirements/dev.txt
+uvpip .venv -r requirements/vllm-0.26.0-cpu.txt
+uvpip .venv transformers==5.23.0
 # glm-5-mxfp4 converter: its own requirements, and torchao 0.18.0 as its tests' oracle.
-pip install -r requirements/glm-5-mxfp4.txt -r requirements/glm-5-mxfp4-test.txt
+uvpip .venv -r requirements/glm-5-mxfp4.txt -r requirements/glm-5-mxfp4-test.txt
 # Release sources: the vLLM wheel from the package index; vllm-gaudi from a local clone
 # (FIXPACK_VLLM_GAUDI_CLONE) or its public repository. Missing sources are reported, not faked.
 if [ -n "${FIXPACK_VLLM_GAUDI_CLONE:-}" ]; then
