@@ -28,9 +28,10 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, final
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast, final
 
 from fixpack.errors import SourceUnavailable
+from fixpack.proofs import reuse
 
 if TYPE_CHECKING:
     from fixpack.apply.engine import Engine
@@ -88,6 +89,15 @@ class FixRecord(TypedDict):
     base: str | None
     result: FixResult
     detail: str
+    proof: ProofNote
+
+
+class ProofNote(TypedDict):
+    """Whether the record was proven in this run or reused from the ledger, and why."""
+
+    reused: bool
+    key: str  # the key's short hash
+    why: str  # "unchanged since ..., key ...", or what changed since the last proof
 
 
 Record = RowRecord | FixRecord
@@ -168,10 +178,13 @@ def check_release(
     requires: bool = True,
     quiet: bool = False,
     brief: bool = False,
+    fresh: bool = False,
 ) -> CheckReport:
     """Prove every fix of ``profile`` (or only ``port``'s patches) on a scratch tree of the
     pristine release, ``workers`` test runs at a time; with ``quiet`` no status line is printed
-    (warnings go to stderr), otherwise one per fix."""
+    (warnings go to stderr), otherwise one per fix. A fix whose proof key is the one its last
+    good proof was made under is reused from the ledger (fixpack/proofs/reuse.py), unless
+    ``fresh``; every fix proven here is recorded there."""
     from fixpack.apply.engine import Engine
     from fixpack.apply.store import Store
     from fixpack.cli.output import Lines
@@ -215,6 +228,24 @@ def check_release(
                 _warn(lines, f"!!! --only names fixes not in this chain: {', '.join(unknown)}")
             jobs = [j for j in jobs if j.fix.id in only]
 
+        # 0. reuse: a fix whose every input is unchanged keeps its last good proof
+        t0 = time.perf_counter()
+        ledger = reuse.Ledger(profile.name + (f"+{port.name}" if port else ""))
+        keys = _proof_keys(pack, profile, engine, jobs, parts=parts, requires=requires)
+        reused: dict[str, FixRecord] = {}
+        why_new: dict[str, str] = {}
+        for j in jobs:
+            entry, why = (None, "--fresh") if fresh else ledger.lookup(j.fix.id, keys[j.fix.id])
+            if entry is not None and entry["record"].get("result") in ("proven", "NOT-CPU"):
+                note: ProofNote = {"reused": True, "key": keys[j.fix.id].short, "why": why}
+                reused[j.fix.id] = cast(FixRecord, {**entry["record"], "proof": note})
+            else:
+                why_new[j.fix.id] = why
+        all_jobs, jobs = jobs, [j for j in jobs if j.fix.id not in reused]
+        phase_secs["reuse"] = time.perf_counter() - t0
+        if reused:
+            lines.say(f"reused {len(reused)} proof(s) whose inputs are unchanged; proving {len(jobs)}")
+
         # 1. red/green, per test
         t0 = time.perf_counter()
         _prove_red_green(jobs, workers, test_timeout)
@@ -238,8 +269,14 @@ def check_release(
         phase_secs["parts"] = time.perf_counter() - t0
 
         proof.close_servers()
-        for j in jobs:
-            rec = _verdict(j)
+        for j in all_jobs:
+            fid = j.fix.id
+            if fid in reused:
+                rec = reused[fid]
+            else:
+                rec = _verdict(j, {"reused": False, "key": keys[fid].short, "why": why_new[fid]})
+                if rec["result"] in ("proven", "NOT-CPU"):
+                    ledger.store(fid, keys[fid], rec)
             results.append(rec)
             _report_fix(lines, rec, brief=brief)
 
@@ -348,6 +385,125 @@ def _test_bases(profile: Profile, jobs: list[FixJob], pristine: Path, work: Path
                 sources.materialise({other: spec}, tree)
         j.pristine = own
     return [labels[p] for p in sorted(labels)]
+
+
+# The modules that run a proof: what they import of fixpack is followed from them.
+PROOF_CODE = ("proofs/check.py", "proofs/proof.py", "proofs/pytest_plugin.py", "proofs/release_tree.py", "sandbox/forkserver.py")
+
+
+def _import_roots(fix_dir: Path) -> tuple[Path, list[Path]]:
+    """The folder of the pytest configuration that a fix's tests run under (the nearest
+    pyproject.toml above the fix with [tool.pytest.ini_options]) and its import roots: its
+    ``pythonpath`` entries, else itself; fixpack's own parent comes first, as in run_tests."""
+    import tomllib
+
+    for folder in [fix_dir, *fix_dir.parents]:
+        cfg = folder / "pyproject.toml"
+        if cfg.is_file():
+            ini = tomllib.loads(cfg.read_text()).get("tool", {}).get("pytest", {}).get("ini_options")
+            if ini is not None:
+                roots = [(folder / p).resolve() for p in ini.get("pythonpath", [])] or [folder.resolve()]
+                return folder, [Path(proof_pkg_parent()), *roots]
+    return fix_dir, [Path(proof_pkg_parent()), fix_dir]
+
+
+def proof_pkg_parent() -> str:
+    from fixpack.proofs.proof import PKG_PARENT
+
+    return PKG_PARENT
+
+
+def _pytest_ini(folder: Path) -> dict:
+    import tomllib
+
+    cfg = folder / "pyproject.toml"
+    if not cfg.is_file():
+        return {}
+    return tomllib.loads(cfg.read_text()).get("tool", {}).get("pytest", {}).get("ini_options", {})
+
+
+def _proof_keys(
+    pack: Pack, profile: Profile, engine: Engine, jobs: list[FixJob], *, parts: bool, requires: bool
+) -> dict[str, reuse.Key]:
+    """Each job's proof key (reuse.Key): a digest for every kind of input its proof reads.
+
+    fix        the fix folder, every file (fix.yaml, change files of every release, tests);
+    chain      the lock's pins of every step up to and including it: the bytes of every file
+               the chain touched, as the fix's tests meet them before and after it;
+    release    the profile's manifest (every file of the pristine trees) and the sources its
+               tests run on (release or development base, companions, commits);
+    tests      its test files, every conftest.py above them, the pytest configuration, and every
+               repository module they import, transitively (reuse.import_closure);
+    proof      fixpack's proof code (PROOF_CODE and what it imports of fixpack);
+    venv, python, cpu   the interpreter the tests run in: distributions and versions, Python's
+               version, the CPU's model and flags;
+    options    which phases were asked for (parts, requires).
+    Not seen (said in docs/ci.md): files a test opens by a path it computes outside its fix
+    folder and the import graph, environment variables, the network."""
+    from fixpack.sources import sources
+
+    env = reuse.environment_parts()
+    proof_code = proof_code_digest()
+    options = reuse.digest_of({"parts": parts, "requires": requires})
+    assert engine.pinned is not None
+    steps = [{"fix": s.fix, "files": s.files} for s in engine.pinned]
+    manifest = reuse.files_digest([profile.manifest_path], profile.manifest_path.parent)
+    keys: dict[str, reuse.Key] = {}
+    for j in jobs:
+        fix = j.fix
+        upto = next((i for i, s in enumerate(steps) if s["fix"] == fix.id), len(steps) - 1)
+        specs: dict[str, Any] = {}
+        for package in sorted({t.package for t in fix.targets}):
+            try:
+                got, _ = sources.test_sources(profile.base["sources"], package)
+                specs[package] = {p: {k: v for k, v in s.items() if k != "why"} for p, s in got.items()}
+            except Exception as exc:  # the check itself reports an unavailable source
+                specs[package] = f"unavailable: {exc.__class__.__name__}"
+        keys[fix.id] = fix_key(
+            fix.dir,
+            [fix.dir / t for t in fix.meta["tests"]],
+            chain=[fix.release, steps[: upto + 1]],
+            release=[manifest, j.base, specs],
+            proof_code=proof_code,
+            options=options,
+            env=env,
+        )
+    return keys
+
+
+def fix_key(
+    fix_dir: Path,
+    test_files: list[Path],
+    *,
+    chain: object,
+    release: object,
+    proof_code: str,
+    options: str,
+    env: dict[str, str],
+) -> reuse.Key:
+    """The proof key of the fix in ``fix_dir`` (the parts are described in _proof_keys)."""
+    ini_dir, roots = _import_roots(fix_dir)
+    conftests = [
+        d / "conftest.py" for d in [fix_dir, *fix_dir.parents] if (d / "conftest.py").is_file() and ini_dir in [d, *d.parents]
+    ]
+    tests = reuse.digest_of([reuse.closure_digest(test_files + conftests, roots, ini_dir), _pytest_ini(ini_dir)])
+    return reuse.Key(
+        {
+            "fix": reuse.tree_digest(fix_dir),
+            "chain": reuse.digest_of(chain),
+            "release": reuse.digest_of(release),
+            "tests": tests,
+            "proof": proof_code,
+            "options": options,
+            **env,
+        }
+    )
+
+
+def proof_code_digest() -> str:
+    """fixpack's proof code: PROOF_CODE and every fixpack module it imports, transitively."""
+    pkg_parent = Path(proof_pkg_parent())
+    return reuse.closure_digest([pkg_parent / "fixpack" / rel for rel in PROOF_CODE], [pkg_parent], pkg_parent)
 
 
 def _prove_red_green(jobs: list[FixJob], workers: int, timeout: float) -> None:
@@ -514,7 +670,7 @@ def _prove_part(pj: PartJob, timeout: float) -> PartRecord:
     }
 
 
-def _verdict(job: FixJob) -> FixRecord:
+def _verdict(job: FixJob, note: ProofNote) -> FixRecord:
     fix = job.fix
     rg, runs = job.red_green, job.runs
     assert rg is not None and runs is not None  # the red/green phase ran for every job
@@ -563,10 +719,15 @@ def _verdict(job: FixJob) -> FixRecord:
         "base": job.base,
         "result": result,
         "detail": detail,
+        "proof": note,
     }
 
 
 def _report_fix(lines: Lines, rec: FixRecord, brief: bool = False) -> None:
+    note = rec["proof"]
+    if note["reused"]:
+        lines.line(rec["fix"], rec["result"], f"reused ({note['why']}): {rec['detail']}")
+        return
     parts = rec["parts"]
     needed = sum(1 for p in parts if p["result"] == "needed")
     status = f"{rec['seconds']:5.1f}s  {len(rec['tests'])} tests: {rec['red_green']} red->green, {rec['guards']} guards"
@@ -577,6 +738,7 @@ def _report_fix(lines: Lines, rec: FixRecord, brief: bool = False) -> None:
     if rec["requires"]:
         status += f"; requires {rec['requires']['result']}"
     lines.line(rec["fix"], rec["result"], status)
+    lines.say(f"    proven now, key {note['key']}: {note['why']}")
     if brief:
         if rec["result"] == "FAILED":
             lines.say(f"    FAILED: {rec['detail']}"[:2000])

@@ -21,6 +21,11 @@ def add_parser(sub):
     p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--no-parts", action="store_true", help="skip the proof that every hunk / edit is needed")
     p.add_argument("--no-requires", action="store_true", help="skip the proof that the declared requires are complete")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="prove every fix now (by default a fix whose proof key is unchanged reuses its last good proof)",
+    )
     p.add_argument("--brief", action="store_true", help="one line per fix (no per-test and per-part lines)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
@@ -43,6 +48,7 @@ def run(args) -> int:
         requires=not args.no_requires,
         quiet=args.json,
         brief=args.brief,
+        fresh=args.fresh,
     )
     counts, totals, machine = report.counts, report.totals, report.machine
     if args.json:
@@ -60,6 +66,9 @@ def run(args) -> int:
         )
     else:
         summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        n_reused = sum(1 for r in report.results if "proof" in r and r["proof"]["reused"])
+        if n_reused:
+            summary += f" ({n_reused} reused unchanged, {totals['fixes'] - n_reused} proven now)"
         print(
             f"\ncheck {report.profile}{' port ' + report.port if report.port else ''}: {summary} in {report.seconds:.0f}s"
         )
