@@ -417,6 +417,61 @@ def select(suite_root: Path, profile: str, names: list[str], everything: bool) -
     return chosen
 
 
+# -- the pristine side, reused ------------------------------------------------------------------
+# A file's results on the pristine tree depend only on that tree, the suite (both fixed by the
+# vllm-gaudi commit, the vLLM it imports with and the profile's manifest), the emulation, the venv
+# and the limits: a run whose key is unchanged reuses them (fixpack/proofs/reuse.py's ledger);
+# --fresh runs them. The fixed tree is always run: it is what the pack changes.
+
+
+def pristine_key(info: dict, file: str, limits: tuple[int, int]):
+    from fixpack.proofs import reuse
+
+    emulation = runtime.EMULATION_ROOT
+    return reuse.Key(
+        {
+            "tree": reuse.digest_of(
+                [
+                    reuse.files_digest([REPO / "profiles" / f"{info['profile']}.manifest.json"], REPO),
+                    info["commit"],
+                    info["base"],
+                    info["imports_with"],
+                    file,
+                ]
+            ),
+            "emulation": reuse.digest_of(
+                [reuse.tree_digest(emulation / "hpu_emulation"), reuse.tree_digest(emulation / "hpu_harness")]
+            ),
+            "options": reuse.digest_of(list(limits)),
+            **reuse.environment_parts(),
+        }
+    )
+
+
+def _from_record(rec: dict) -> FileRun:
+    return FileRun(
+        rec["file"],
+        rec["tree"],
+        dict(rec["tests"]),
+        dict(rec["details"]),
+        rec["seconds"],
+        rec["status"],
+        set(rec["cut"]),
+    )
+
+
+def _to_record(run: FileRun) -> dict:
+    return {
+        "file": run.file,
+        "tree": run.tree,
+        "tests": run.tests,
+        "details": run.details,
+        "seconds": run.seconds,
+        "status": run.status,
+        "cut": sorted(run.cut),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpu_harness.unit_tests", description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -433,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", help="working folder (default: a temporary one, removed at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the working folder (logs, junit xml, trees)")
     ap.add_argument("--json", help="write the results here as JSON")
+    ap.add_argument(
+        "--fresh", action="store_true", help="run the pristine tree too when its last results are still valid"
+    )
     args = ap.parse_args(argv)
 
     trees_wanted = [t for t in args.trees.split(",") if t]
@@ -461,26 +519,40 @@ def main(argv: list[str] | None = None) -> int:
         out = work / "results"
         out.mkdir(exist_ok=True)
         runs: dict[tuple[str, str], FileRun] = {}
+        from fixpack.proofs import reuse
+
+        ledger = reuse.Ledger(f"unit-tests-{args.profile}-pristine")
+        n_reused = 0
         for f in files:
             for t in trees_wanted:
-                r = run_file(
-                    f,
-                    t,
-                    envs[t],
-                    suite_root,
-                    out,
-                    file_timeout=args.file_timeout,
-                    test_timeout=args.test_timeout,
-                    python=sys.executable,
-                )
+                key = pristine_key(info, f, (args.file_timeout, args.test_timeout)) if t == "pristine" else None
+                entry, why = (None, "--fresh") if key is None or args.fresh else ledger.lookup(f, key)
+                if entry is not None:
+                    r = _from_record(entry["record"])
+                    n_reused += 1
+                else:
+                    r = run_file(
+                        f,
+                        t,
+                        envs[t],
+                        suite_root,
+                        out,
+                        file_timeout=args.file_timeout,
+                        test_timeout=args.test_timeout,
+                        python=sys.executable,
+                    )
+                    if key is not None and r.status == "ok":
+                        ledger.store(f, key, _to_record(r))
                 runs[(f, t)] = r
                 print(
                     f"   {t:8s} {f.removeprefix(SUITE + '/')}: "
                     + ", ".join(f"{r.count(o)} {o}" for o in OUTCOMES)
-                    + f" in {r.seconds:.0f}s"
+                    + (f" reused ({why})" if entry is not None else f" in {r.seconds:.0f}s")
                     + ("" if r.status == "ok" else f" [{r.status}]"),
                     flush=True,
                 )
+        if n_reused:
+            print(f"== {n_reused} pristine file run(s) reused: their inputs are unchanged (--fresh runs them)")
         print()
         print(table(runs, files, trees_wanted))
 
