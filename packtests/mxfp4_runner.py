@@ -78,8 +78,8 @@ def development_tree(tmp_path_factory) -> Path:
     try:
         trees.build(dest, "v0.30.0", extra=["--port", "glm-5-mxfp4", "--development-base"])
         trees.use_companion_vllm(dest, "0.27.0")
-    except RuntimeError as exc:
-        pytest.skip(f"no v0.30.0 development-base tree: {exc}")
+    except trees.SourcesUnavailable as exc:
+        pytest.skip(str(exc))
     return dest
 
 

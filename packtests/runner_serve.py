@@ -45,19 +45,20 @@ def vllm_available() -> str | None:
 
 def release_tree(tmp_dir: Path) -> Path | str:
     """The v0.26.0 tree: $HPU_HARNESS_TREE, or one written by ``fixpack sources tree``.
-    Returns a str (the reason) when there is none."""
+    Returns a str (the skip reason, "SOURCE UNAVAILABLE: ...") when the release sources cannot be
+    had; a tree that fails to build, or a $HPU_HARNESS_TREE that is no tree, raises."""
     given = os.environ.get(TREE_ENV)
     if given:
         tree = Path(given)
         if (tree / "vllm" / "__init__.py").is_file() and (tree / "vllm_gaudi" / "__init__.py").is_file():
             return tree
-        return f"${TREE_ENV}={given} holds no vllm/ and vllm_gaudi/"
+        raise RuntimeError(f"${TREE_ENV}={given} holds no vllm/ and vllm_gaudi/")
     from hpu_harness import trees
 
     try:
         return trees.build(tmp_dir / "tree", "v0.26.0", patched=False)
-    except RuntimeError as exc:
-        return f"no ${TREE_ENV} and no v0.26.0 tree: {exc}"
+    except trees.SourcesUnavailable as exc:
+        return str(exc)
 
 
 class Reference(compare.Reference):

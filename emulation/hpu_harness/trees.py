@@ -11,6 +11,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TREE_ENV = "HPU_HARNESS_TREE"  # use this tree as it is (already built and patched)
+SOURCE_UNAVAILABLE = 8  # fixpack's exit code when a release source cannot be had (README, exit codes)
+
+
+class SourcesUnavailable(RuntimeError):
+    """The release sources are not in the cache and cannot be fetched: tests skip, saying
+    "SOURCE UNAVAILABLE" (CI counts those skips by source, scripts/stages.py)."""
+
+
+class TreeBuildFailed(RuntimeError):
+    """The sources were there and building or patching the tree failed: a failure, never a skip."""
 
 
 def fixpack_python() -> Path:
@@ -32,7 +42,9 @@ def build(dest: Path | str, profile: str = "v0.26.0", *, patched: bool = True, e
         if patched:
             run("apply_all.py", "--profile", profile, "--root", str(dest), *(extra or []))
     except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"building the {profile} tree in {dest} failed:\n{exc.stdout}\n{exc.stderr}") from None
+        if exc.returncode == SOURCE_UNAVAILABLE:
+            raise SourcesUnavailable(f"SOURCE UNAVAILABLE: the {profile} release sources: {exc.stderr.strip()[-400:]}") from None
+        raise TreeBuildFailed(f"building the {profile} tree in {dest} failed:\n{exc.stdout}\n{exc.stderr}") from None
     return dest
 
 

@@ -45,8 +45,8 @@ def tree(tmp_path_factory):
         return given
     try:
         return trees.build(tmp_path_factory.mktemp("v0.26.0") / "tree", "v0.26.0")
-    except RuntimeError as exc:
-        pytest.skip(f"no v0.26.0 release tree: {exc}")
+    except trees.SourcesUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")

@@ -27,12 +27,13 @@ DEV_BASE = "091bbadda10bee4fd3f6d0efc1844d2610dd2707"
 
 @pytest.fixture(scope="module")
 def gaudi():
-    try:
-        from fixpack.sources.sources import git_tree
+    from fixpack.errors import SourceUnavailable
+    from fixpack.sources.sources import git_tree
 
+    try:
         tree = Path(git_tree("vllm-gaudi", DEV_BASE, "vllm_gaudi"))
-    except Exception as exc:  # no source cache here
-        pytest.skip(f"vllm-gaudi {DEV_BASE[:7]} is not in the source cache: {exc}")
+    except SourceUnavailable as exc:
+        pytest.skip(f"SOURCE UNAVAILABLE: vllm-gaudi {DEV_BASE[:7]}: {exc}")
     path = tree / "vllm_gaudi" / "v1" / "sample" / "hpu_rejection_sampler.py"
     spec = importlib.util.spec_from_file_location("gaudi_rejection_091bbad", path)
     module = importlib.util.module_from_spec(spec)

@@ -33,7 +33,6 @@ from packtests.mxfp4_runner import (  # noqa: E402  (skips outside .venv-cpu)
     TIE,
     check_mtp_outputs,
     dequantized_greedy,
-    development_tree,
     repeating_draft,
     serve,
 )
@@ -47,11 +46,6 @@ PROBE = [arg for t in TENSORS for arg in ("--probe-param", f"experts.{t}")]
 
 def _ep(ranks: int) -> list[str]:
     return [f"tensor_parallel_size={ranks}", "distributed_executor_backend=mp", "enable_expert_parallel=true"]
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    return development_tree(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -160,25 +154,23 @@ def _check_holdings(result, dst: Path, ranks: int, moe_tp: int, order=None, laye
     return held
 
 
-def test_moe_tp_2_on_two_ranks_one_group_half_width_each(tree, ckpt, reference, monkeypatch):
+@pytest.fixture(scope="module")
+def one_group(tree, ckpt):
+    """GLM_MOE_TP=2 on two ranks with the top-5 logprobs of every greedy token and the experts each
+    rank holds: the run a placement must reproduce bit for bit (one launch serves both tests)."""
+    with pytest.MonkeyPatch.context() as mp:
+        proc, result = serve(tree, ckpt[1], mp, engine_args=_ep(2), extra=["--logprobs", "5", *PROBE], GLM_MOE_TP=2)
+    assert result is not None, proc.stderr[-6000:]
+    return result
+
+
+def test_moe_tp_2_on_two_ranks_one_group_half_width_each(ckpt, reference, one_group):
     """GLM_MOE_TP=2 over TP 2 with expert parallel: one expert group of both ranks; each holds all
     8 experts of each MoE layer at 64 of 128 (its half: rank 0 the first), and the greedy tokens
     match the reference, batched and alone."""
-    proc, result = serve(tree, ckpt[1], monkeypatch, engine_args=_ep(2), extra=PROBE, GLM_MOE_TP=2)
-    assert result is not None, proc.stderr[-6000:]
-    reference.check_divergence(result["batched"], TIE)
-    reference.check_divergence(result["alone"], TIE)
-    assert _check_holdings(result, ckpt[1], 2, 2) == [list(range(8))] * 2
-
-
-@pytest.fixture(scope="module")
-def one_group(tree, ckpt):
-    """GLM_MOE_TP=2 on two ranks with the top-5 logprobs of every greedy token: the run a placement
-    must reproduce bit for bit."""
-    with pytest.MonkeyPatch.context() as mp:
-        proc, result = serve(tree, ckpt[1], mp, engine_args=_ep(2), extra=["--logprobs", "5"], GLM_MOE_TP=2)
-    assert result is not None, proc.stderr[-6000:]
-    return result
+    reference.check_divergence(one_group["batched"], TIE)
+    reference.check_divergence(one_group["alone"], TIE)
+    assert _check_holdings(one_group, ckpt[1], 2, 2) == [list(range(8))] * 2
 
 
 def test_a_placement_on_one_group_gives_the_same_bits(tree, ckpt, reference, placement_file, one_group, monkeypatch):
