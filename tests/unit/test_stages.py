@@ -89,14 +89,27 @@ def test_no_stage_hides_another(venv, tmp_path, monkeypatch, capsys):
     assert "FAILED stages: first" in out
 
 
-def test_stages_of_a_group_run_side_by_side(venv, tmp_path, monkeypatch, capsys):
+def test_stages_run_two_at_a_time_and_a_stage_marked_alone_after_them(venv, tmp_path, monkeypatch, capsys):
+    """Two 3-second stages side by side take about 3 s, not 6; the stage marked alone starts
+    only when both have ended (its test sees their junit reports written)."""
     slow = "import time\ndef test_a():\n    time.sleep(3)\n"
     one, two = (pytest_stage(venv, tmp_path, slow, name=n) for n in ("one", "two"))
-    one.group = two.group = "g"
-    monkeypatch.setattr(stages, "stages", lambda extra: [one, two])
-    monkeypatch.setattr(stages, "OUT", tmp_path / "out")
-    assert stages.main([]) == 0
-    assert "side by side" in capsys.readouterr().out
+    out = tmp_path / "out"
+    after = pytest_stage(
+        venv,
+        tmp_path,
+        f"from pathlib import Path\ndef test_c():\n    assert Path({str(out / 'one.xml')!r}).is_file()\n"
+        f"    assert Path({str(out / 'two.xml')!r}).is_file()\n",
+        name="after",
+    )
+    after.alone = True
+    monkeypatch.setattr(stages, "stages", lambda extra: [after, one, two])
+    monkeypatch.setattr(stages, "OUT", out)
+    assert stages.main(["--jobs", "2"]) == 0, capsys.readouterr().out
+    r = {res.stage: res for res in stages._last_results}
+    one_end, two_end = r["one"].started + r["one"].seconds, r["two"].started + r["two"].seconds
+    assert r["two"].started < one_end and r["one"].started < two_end  # they overlapped
+    assert r["after"].started >= max(one_end, two_end) - 0.2
 
 
 # ---------------------------------------------------------------- the stage list
