@@ -280,6 +280,8 @@ def run_stage(st: Stage, out: Path, buffered: bool) -> tuple[Result, str]:
     else:
         env.pop("PYTHON", None)
     sink = tempfile.TemporaryFile(mode="w+") if buffered else sys.stdout
+    if buffered:  # its output comes whole at its end; say now that it started
+        print(f"== stage {st.name} started ({st.venv}, bound {st.bound} s)", flush=True)
     print(f"\n== stage {st.name} ({st.venv}, bound {st.bound} s): {st.what}", file=sink, flush=True)
     t0 = time.monotonic()
     proc = subprocess.Popen(
