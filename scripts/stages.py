@@ -64,10 +64,26 @@ class Stage:
     json_counts: bool = False  # the command writes --json FILE with counts (hpu_harness.unit_tests)
 
 
+def pytest_args(*paths: str, markers: str | None = None) -> list[str]:
+    """pytest's arguments for a stage: quiet, skip reasons shown, no cache; ``markers`` replaces
+    the suite's ``-m 'not slow'`` ("" runs every test of the files named)."""
+    return [
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rs",
+        *(["-m", markers] if markers is not None else []),
+        *paths,
+    ]
+
+
 def stages(extra: list[str]) -> list[Stage]:
     py_cpu = ".venv-cpu"
     e2e_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     mx = "ports/glm-5-mxfp4/tests"
+    fixpack_python = {"FIXPACK_PYTHON": str(REPO / ".venv" / "bin" / "python")}
     listed = [
         Stage(
             "main-suite",
@@ -79,7 +95,7 @@ def stages(extra: list[str]) -> list[Stage]:
         Stage(
             "emulation",
             py_cpu,
-            ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *FAULT, "emulation/tests"],
+            pytest_args(*FAULT, "emulation/tests"),
             2400,
             "the Habana emulation and vllm-gaudi's runner on it (Llama, DeepSeek-V2, Qwen3-Next, TP 2, the OpenAI server)",
         ),
@@ -91,7 +107,7 @@ def stages(extra: list[str]) -> list[Stage]:
             "vllm-gaudi's own unit tests (CI selection) on the emulation, pristine vs patched v0.26.0",
             pytest=False,
             cwd="emulation",
-            env={"FIXPACK_PYTHON": str(REPO / ".venv" / "bin" / "python")},
+            env=fixpack_python,
             json_counts=True,
         ),
         Stage(
@@ -102,30 +118,24 @@ def stages(extra: list[str]) -> list[Stage]:
             "the same on profile v0.30.0's development base (vllm-gaudi 091bbad beside vLLM 0.27.0)",
             pytest=False,
             cwd="emulation",
-            env={"FIXPACK_PYTHON": str(REPO / ".venv" / "bin" / "python")},
+            env=fixpack_python,
             json_counts=True,
         ),
         Stage(
             "tf514",
             ".venv-tf514",
-            ["-m", "pytest", "-p", "no:cacheprovider", "-q", "ports/glm-5-3-flash/tests/test_hf_config_tf514.py"],
+            pytest_args("ports/glm-5-3-flash/tests/test_hf_config_tf514.py"),
             300,
             "the Flash port's config classes under the stock image's transformers 5.14.1",
         ),
         Stage(
             "slow-kernels",
             ".venv",
-            [
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "-m",
-                "slow",
+            pytest_args(
                 "ports/glm-5-3-flash/tests/test_kda_kernels.py",
                 "ports/glm-5-3-flash/tests/test_model.py",
-            ],
+                markers="slow",
+            ),
             1200,
             "the Flash port's long kernel and decode checks (16K adversarial KDA, left-padded greedy decode)",
         ),
@@ -148,22 +158,15 @@ def stages(extra: list[str]) -> list[Stage]:
         Stage(
             "mxfp4-runner",
             py_cpu,
-            [
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "-rs",
-                "-m",
-                "",
-                *FAULT,
+            pytest_args(
                 f"{mx}/e2e/test_vllm_gaudi_emulation.py",
                 f"{mx}/e2e/test_vllm_gaudi_dsa.py",
                 f"{mx}/e2e/test_vllm_gaudi_mtp_levers.py",
                 f"{mx}/e2e/test_vllm_gaudi_structured.py",
                 f"{mx}/e2e/test_vllm_gaudi_openai_server.py",
-            ],
+                *FAULT,
+                markers="",
+            ),
             3000,
             "glm-5-mxfp4 through vllm-gaudi's runner on the emulation (development base): runner, DSA, MTP levers, "
             "structured output, the OpenAI server",
@@ -172,18 +175,7 @@ def stages(extra: list[str]) -> list[Stage]:
         Stage(
             "mxfp4-moe-tp",
             py_cpu,
-            [
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "-rs",
-                "-m",
-                "",
-                *FAULT,
-                f"{mx}/e2e/test_vllm_gaudi_moe_tp.py",
-            ],
+            pytest_args(f"{mx}/e2e/test_vllm_gaudi_moe_tp.py", *FAULT, markers=""),
             1800,
             "GLM_MOE_TP's expert groups, GLM_MOE_PLACEMENT and the serving page's launch at TP 4 and TP 8 (worker processes as ranks)",
             env=e2e_env,
@@ -192,19 +184,7 @@ def stages(extra: list[str]) -> list[Stage]:
         Stage(
             "mxfp4-hpu-ops",
             py_cpu,
-            [
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "-rs",
-                "-m",
-                "",
-                *FAULT,
-                f"{mx}/e2e/test_hpu_mxk_op.py",
-                f"{mx}/e2e/test_hpu_spec_device.py",
-            ],
+            pytest_args(f"{mx}/e2e/test_hpu_mxk_op.py", f"{mx}/e2e/test_hpu_spec_device.py", *FAULT, markers=""),
             600,
             "the port's ops on the emulated card, the emulation active in the test process",
             env={**e2e_env, "HPU_EMULATION_IN_PROCESS": "1"},
