@@ -35,28 +35,30 @@ FIX_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "completed_by": ((list,), False, "later fix ids without which this one is incomplete at run time"),
     "pins_defect_tests": ((list,), False, "[{suite, test, why}]: an upstream test that passes on the pristine release and fails with the fix because it pins the very defect the fix removes"),
     "notes": ((str,), False, "anything else"),
-    "releases": ((dict,), True, "each release's status: {<profile>: {status: applies|refreshed|upstream|dropped, ...}}"),
+    "releases": ((dict,), True, "each release's status: {<profile>: {status: applies|refreshed|upstream|dropped|not-affected, ...}}; a fix of the profile layer has one for every profile of the pack, a port's fix for its port's profile"),
 }
 
 # The status of a fix on one release (a profile name), under fix.yaml's ``releases:``.
 #   applies    the fix's shared change file applies (no release folder of its own)
 #   refreshed  the release has its own change file in <fix>/<release>/; ``why`` says what moved
 #   upstream   the release has the fix already; ``evidence`` says where (``upstream``: the PR/commit)
-#   dropped    left out on purpose; ``why`` says why
-RELEASE_STATUSES = ("applies", "refreshed", "upstream", "dropped")
+#   dropped    left out on purpose although the release has the defect; ``why`` says why
+#   not-affected  the release never had the defect (the code it fixes is absent or different);
+#              ``why`` says what the release has instead
+RELEASE_STATUSES = ("applies", "refreshed", "upstream", "dropped", "not-affected")
 
 # Keys of a release entry that replace the fix-level key of the same name on that release
 # (what the change meets moved: the evidence, the parts, the guards).
 RELEASE_OVERRIDES = ("evidence", "change", "notes", "untested_parts", "regression_guards", "pins_defect_tests", "requires", "completed_by", "remove_when")
 
 RELEASE_SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
-    "status": ((str,), True, "applies, refreshed, upstream or dropped"),
-    "why": ((str,), False, "refreshed: what moved; dropped: why it is left out; upstream: what upstream did"),
+    "status": ((str,), True, "applies, refreshed, upstream, dropped or not-affected"),
+    "why": ((str,), False, "refreshed: what moved; dropped: why it is left out; not-affected: why the release has no such defect; upstream: what upstream did"),
     "upstream": ((str,), False, "upstream: the commit or PR that carries the fix"),
     **{k: (FIX_SCHEMA[k][0], False, FIX_SCHEMA[k][2] + " (on this release)") for k in RELEASE_OVERRIDES},
 }
 # what each status must say, and the keys only a status that applies a change may carry
-RELEASE_REQUIRED = {"applies": (), "refreshed": ("why",), "upstream": ("evidence",), "dropped": ("why",)}
+RELEASE_REQUIRED = {"applies": (), "refreshed": ("why",), "upstream": ("evidence",), "dropped": ("why",), "not-affected": ("why",)}
 RELEASE_APPLIED = ("applies", "refreshed")
 
 TARGET_SCHEMA = {

@@ -55,7 +55,7 @@ def test_a_refreshed_release_reads_its_own_change_and_its_overrides(tmp_path):
             "  r1: {status: maybe}\n",
             None,
             True,
-            r"releases\.r1\.status must be one of applies, refreshed, upstream, dropped, found 'maybe'",
+            r"releases\.r1\.status must be one of applies, refreshed, upstream, dropped, not-affected, found 'maybe'",
         ),
         ("  r1: applies\n", None, True, r"releases\.r1 must be a mapping such as \{status: applies\}"),
         (

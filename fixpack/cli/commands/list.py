@@ -1,17 +1,29 @@
-"""fixpack list: the profiles, ports and the fixes of a profile in pack order."""
+"""fixpack list: the profiles, ports and the fixes of a profile in pack order, every fix's life on
+each profile (fixpack/pack/lives.py), and docs/packs.md's status tables made from them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fixpack.apply.locations import port_layer
 from fixpack.cli.commands._common import emit_json, pack_of
+from fixpack.errors import CheckFailed, ConfigError
 
 
 def add_parser(sub):
-    p = sub.add_parser("list", help="list profiles, ports and the fixes of a profile in pack order")
+    p = sub.add_parser(
+        "list", help="list profiles, ports, the fixes of a profile in pack order and every fix's life on it"
+    )
     p.add_argument("--profile")
     p.add_argument("--port", help="also list a port's source patches")
     p.add_argument("--pack")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--write-docs",
+        metavar="PATH",
+        help="rewrite the status tables of PATH (docs/packs.md) from fix.yaml, one per profile, between their markers",
+    )
+    p.add_argument("--check", action="store_true", help="with --write-docs: compare, write nothing, exit non-zero on a difference")
     p.set_defaults(run=run)
 
 
@@ -47,34 +59,43 @@ def base_lines(profile) -> dict[str, dict]:
 def status_text(entry: dict | None, width: int = 110) -> str:
     """One line for a fix's status on one release: ``refreshed: what moved``."""
     if entry is None:
-        return "not evaluated"
+        return "no entry (fixpack validate refuses this)"
     said = entry.get("why") or entry.get("upstream") or entry.get("evidence") or ""
     first = " ".join(str(said).split())
     text = f"{entry['status']}: {first}" if first and entry["status"] != "applies" else entry["status"]
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def not_applied(pack, release: str) -> list:
-    """The pack's fixes whose fix.yaml records ``release`` as upstream or dropped."""
-    from fixpack.pack.pack import load_fix
+def write_docs(pack, path: Path, check: bool) -> int:
+    """docs/packs.md's status tables from fix.yaml; with ``check``, CheckFailed on a difference."""
+    from fixpack.pack import lives
 
-    out = []
-    d = pack.root / "fixes"
-    for sub in sorted(d.iterdir()) if d.is_dir() else []:
-        if not (sub / "fix.yaml").is_file():
-            continue
-        fix = load_fix(sub)
-        entry = fix.releases.get(release)
-        if entry is not None and entry["status"] not in ("applies", "refreshed"):
-            out.append((fix, entry))
-    return out
+    doc = lives.doc_name(pack, path)
+    text, changed = lives.render_docs(pack, path, doc)
+    tables = f"{len(pack.profile_names())} status table(s)"
+    if check:
+        if changed:
+            raise CheckFailed(
+                f"{path}: the status table(s) of {', '.join(changed)} are not what fix.yaml gives; run "
+                f"`fixpack list --write-docs {doc}` and review the difference"
+            )
+        print(f"{path}: {tables} match fix.yaml")
+        return 0
+    if changed:
+        path.write_text(text)
+    print(f"{path}: {tables}, {len(changed)} rewritten{' (' + ', '.join(changed) + ')' if changed else ''}")
+    return 0
 
 
 def run(args) -> int:
-    from pathlib import Path
+    from fixpack.pack.lives import lives
 
     args.pack = Path(args.pack) if args.pack else None
     pack = pack_of(args)
+    if args.check and not args.write_docs:
+        raise ConfigError("--check compares the status tables --write-docs PATH names; give it PATH")
+    if args.write_docs:
+        return write_docs(pack, Path(args.write_docs), args.check)
     names = [args.profile] if args.profile else pack.profile_names()
     out = []
     for name in names:
@@ -85,7 +106,7 @@ def run(args) -> int:
             rows += [(pack.fix(p, port=port), port_layer(port.name)) for p in port.patches]
         rows += [(pack.fix(e.id, release=name), "opt-in" if e.opt_in else "default") for e in profile.entries]
         bases = base_lines(profile)
-        entry = {"profile": name, "ports": pack.port_names(), "bases": bases, "fixes": [], "not_applied": []}
+        entry = {"profile": name, "ports": pack.port_names(), "bases": bases, "fixes": [], "not_applied": [], "lives": []}
         if not args.json:
             print(f"profile {name}  ({len(profile.entries)} fixes; ports: {', '.join(pack.port_names()) or 'none'})")
             for package, b in bases.items():
@@ -99,13 +120,18 @@ def run(args) -> int:
                 print(f"{i:3d}. {fix.id:<34} {role:<8} {fix.kind:<7} {status.get('status', '-'):<9} {targets}{cpu}")
                 if status.get("status") == "refreshed":
                     print(f"{'':6}{status_text(status)}")
-        gone = not_applied(pack, name)
-        for fix, st in gone:
-            entry["not_applied"].append({"id": fix.id, "status": st["status"], "why": st.get("why"), "upstream": st.get("upstream"), "evidence": st.get("evidence")})
-        if gone and not args.json:
-            print(f"  not applied on {name} (fix.yaml releases.{name}):")
-            for fix, st in gone:
-                print(f"     {fix.id:<34} {status_text(st)}")
+        listed = {f.id for f, _ in rows}
+        every = lives(pack, name)
+        for life in every:
+            st = life.entry or {}
+            entry["lives"].append({"id": life.fix.id, "role": life.role, "status": life.status, "why": st.get("why"), "upstream": st.get("upstream"), "evidence": st.get("evidence")})
+            if life.entry is not None and not life.applied and not life.role.startswith("port"):
+                entry["not_applied"].append({"id": life.fix.id, "status": st["status"], "why": st.get("why"), "upstream": st.get("upstream"), "evidence": st.get("evidence")})
+        rest = [life for life in every if life.fix.id not in listed or life.entry is None]
+        if rest and not args.json:
+            print(f"  the life on {name} of every other fix of its layers (fix.yaml releases.{name}):")
+            for life in rest:
+                print(f"     {life.fix.id:<34} {life.role:<17} {status_text(life.entry)}")
         out.append(entry)
     if args.json:
         emit_json(out)

@@ -1,4 +1,5 @@
-"""fixpack validate: every fix, profile and port parses, and their cross-references hold."""
+"""fixpack validate: every fix, profile and port parses, their cross-references hold, and every
+fix records its life on every release of its layer (fixpack/pack/lives.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from fixpack.apply.locations import port_layer
 from fixpack.cli.commands._common import pack_of
 from fixpack.errors import ConfigError, FixpackError
+from fixpack.pack.lives import gap_message, required_releases
 from fixpack.pack.pack import Port
 
 
@@ -69,9 +71,11 @@ def run(args) -> int:
             checked += 1
             try:
                 whole = _check_fix_dir(d, layer, pack.root)
-                # each release the fix says it applies on lists it; a port's fix applies on the port's profile
-                if port is not None and port.profile not in whole.releases:
-                    raise ConfigError(f"{d / 'fix.yaml'}: releases has no entry {port.profile!r}, the profile port {port.name} is built on")
+                # its life is complete: an entry for every profile of its layer (a port's fix: the port's profile)
+                for release in required_releases(pack, port):
+                    if release not in whole.releases:
+                        raise ConfigError(gap_message(pack, d / "fix.yaml", release, port))
+                # each release the fix says it applies on lists it
                 for release, st in whole.releases.items():
                     on_port = port is not None and release == port.profile
                     listed = _listed(pack, release, port if on_port else None)

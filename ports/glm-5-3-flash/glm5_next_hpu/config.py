@@ -7,6 +7,39 @@ class UnsupportedConfigError(ValueError):
     """The configuration asks for something the GLM-5.3-Flash Gaudi port cannot serve."""
 
 
+#: the port's vLLM patch (ports/glm-5-3-flash/fixes/) that makes vLLM detect the model as MLA
+MLA_PATCH = "mla-detect-glm5-next"
+#: what applies the port's patches (from a fixpack checkout; the port image has run it at build)
+APPLY_PORT = "python3 apply_all.py --profile v0.26.0 --port glm-5-3-flash"
+
+
+def check_mla(platform: Any, model_config: Any) -> None:
+    """Refuse to build the model on a platform that serves its MLA layers as vLLM's latent MLA (every
+    platform but vLLM's CPU one, which gets the expanded form) unless vLLM treats the model as MLA.
+
+    vLLM sizes the attention cache and picks the attention backend from ``ModelConfig.use_mla``; with
+    it off, vllm-gaudi allocates per-head key and value caches and its non-MLA backend, and the first
+    prefill fails deep inside vllm-gaudi instead of at start-up. ``use_mla`` is off
+    when vLLM does not know the text config's model_type as MLA (vLLM 0.26.0 without the port's
+    patch) or when VLLM_MLA_DISABLE is set."""
+    if platform.is_cpu() or model_config.use_mla:
+        return
+    if model_config.is_deepseek_mla:
+        reason = "vLLM detects it as MLA but VLLM_MLA_DISABLE is set, which turns MLA off: unset VLLM_MLA_DISABLE"
+    else:
+        reason = (
+            f"vLLM does not detect it as MLA: the port's vLLM patch {MLA_PATCH} (glm5_next_text in "
+            "is_deepseek_mla, vllm/transformers_utils/model_arch_config_convertor.py) is not applied to this "
+            f"vLLM. Apply the port's patches before vLLM starts: {APPLY_PORT} (in the port image: python3 "
+            '"$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 --port glm-5-3-flash), then start vLLM again'
+        )
+    device = getattr(platform, "device_type", None)
+    raise UnsupportedConfigError(
+        f"GLM-5.3-Flash on the {device!r} platform serves its MLA layers as vLLM's latent MLA, which needs "
+        f"vLLM's MLA path (ModelConfig.use_mla) and it is off: {reason}"
+    )
+
+
 def _text(config: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 

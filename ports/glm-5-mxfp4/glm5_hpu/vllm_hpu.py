@@ -135,7 +135,9 @@ class GlmMoeDsaHpuForCausalLM(GlmMoeDsaForCausalLM):
 
 
 class GlmMoeDsaHpuMTP(DeepSeekMTP):
-    """vLLM's DeepSeekMTP (vLLM 0.27.0's draft for glm_moe_dsa) with the router keys filled and its
+    """vLLM's DeepSeekMTP (the draft for glm_moe_dsa off CUDA: vLLM 0.27.0 names it
+    ``DeepSeekMTPModel``, vLLM 0.30.0 ``DeepseekV32MTPModel``, the plugin registers this class for
+    both) with the router keys filled, its MoE layer laid out as the target's (GLM_MOE_TP) and its
     residual kept in shape (:func:`residual_shaped`); any other DeepSeek-style MTP is built so too."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):

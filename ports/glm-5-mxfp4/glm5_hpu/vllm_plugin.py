@@ -22,6 +22,14 @@ draft ``DeepseekV32MTPModel``, generic implementation off CUDA); what it lacks i
   run on the profile's development base (vllm-gaudi main 091bbad with vLLM 0.27.0, whose MTP
   draft class is ``DeepSeekMTP``), on the Habana emulation only.
 
+The MTP draft's architecture name depends on the vLLM release (``SpeculativeConfig.
+hf_config_override``): vLLM 0.27.0 names glm_moe_dsa's draft ``DeepSeekMTPModel``, vLLM 0.30.0
+(the serving page's pairing) ``DeepseekV32MTPModel``. Off CUDA both resolve to the same stock class
+(``deepseek_mtp.DeepSeekMTP``), so the port's draft class serves both names; a name left out here
+would be built as vLLM's stock class, without the draft's router keys, its residual shape and the
+expert groups (tests/e2e/test_vllm030_architectures.py reads vLLM 0.30.0's registry and
+speculative config and fails on a name the plugin does not register).
+
 Classes are registered lazily (``"module:Class"``): nothing of the model is imported here.
 """
 
@@ -42,7 +50,8 @@ CPU_ARCHITECTURES: dict[str, str] = {
 #: architecture name -> lazy class path, registered on vllm-gaudi's platform (device type "hpu")
 HPU_ARCHITECTURES: dict[str, str] = {
     "GlmMoeDsaForCausalLM": "glm5_hpu.vllm_hpu:GlmMoeDsaHpuForCausalLM",
-    "DeepSeekMTPModel": "glm5_hpu.vllm_hpu:GlmMoeDsaHpuMTP",
+    "DeepSeekMTPModel": "glm5_hpu.vllm_hpu:GlmMoeDsaHpuMTP",  # vLLM 0.27.0's name of the draft
+    "DeepseekV32MTPModel": "glm5_hpu.vllm_hpu:GlmMoeDsaHpuMTP",  # vLLM 0.30.0's name of the draft
 }
 
 _registered = False

@@ -75,7 +75,7 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from .. import mhc as port_mhc
-from ..config import UnsupportedConfigError, validate_config
+from ..config import UnsupportedConfigError, check_mla, validate_config
 from ..kda import causal_conv1d, chunk_kda, fused_recurrent_kda, gated_rms_norm, kda_gate
 from ..layers.mhc import MhcLayer, add_mhc_parameters
 from ..layers.mla import Indexer
@@ -559,6 +559,9 @@ class Glm5NextDecoderLayer(MhcLayer):
             f"{prefix}.mlp",
             fp8_spec=checkpoint_fp8_spec(quant),
             moe_op=switches.moe_op,
+            # the card's expert form wherever the platform is not vLLM's CPU one (as the MLA form
+            # above), whatever device the activations sit on
+            static_experts=not current_platform.is_cpu(),
         )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -673,6 +676,8 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         validate_config(
             text, tp_size=self.par.size, prefix_caching=prefix_caching, expert_parallel=self.par.expert_parallel
         )
+        # Off CPU the MLA layers are vLLM's latent MLA: refused here unless vLLM runs the model as MLA.
+        check_mla(current_platform, vllm_config.model_config)
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
         # Block FP8: the reference path's spec (CPU) or vLLM's Fp8Config's (HPU); see fp8_config.
         self.fp8_spec = checkpoint_fp8_spec(vllm_config.quant_config)

@@ -245,12 +245,25 @@ class ParallelExperts(nn.Module):
 
     ``op``: GLM5_NEXT_MOE_OP. ``"fused"`` (a block-FP8 checkpoint on HPU; ``fused_moe.py``) holds the
     same parameters under FusedMoE's names and hands them to vllm-gaudi's FP8 MoE op after loading
-    (``moe_op``, no clamp); ``quant_config`` is then vLLM's ``Fp8Config``."""
+    (``moe_op``, no clamp); ``quant_config`` is then vLLM's ``Fp8Config``.
+
+    ``static``: the exact loop's form, chosen by the platform the model is built for (the model passes
+    ``not current_platform.is_cpu()``), never by where a tensor happens to sit: True is the card's form
+    (``forward_static``: every local expert on every token, shapes fixed by the batch, nothing read back
+    to the host, so an HPU graph can capture it), False the reference form (``forward_gather``: each
+    expert on its own tokens, data-dependent shapes), vLLM's CPU platform and the unit tests."""
 
     def __init__(
-        self, config, par: Parallel, fp8_block: tuple[int, int] | None = None, op: str = "exact", quant_config=None
+        self,
+        config,
+        par: Parallel,
+        fp8_block: tuple[int, int] | None = None,
+        op: str = "exact",
+        quant_config=None,
+        static: bool = False,
     ):
         super().__init__()
+        self.static = static
         E, D, moe_inter = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
         dims: tuple[int | None, int | None]
         if par.expert_parallel:
@@ -326,9 +339,9 @@ class ParallelExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.op == "fused":
             return self.forward_fused(x, weights, ids)
-        if x.device.type == "cpu":
-            return self.forward_gather(x, weights, ids)
-        return self.forward_static(x, weights, ids)
+        if self.static:
+            return self.forward_static(x, weights, ids)
+        return self.forward_gather(x, weights, ids)
 
     def forward_fused(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """vllm-gaudi's FP8 MoE op, called as its HPUFp8MoEMethod.apply_monolithic calls it once the
@@ -420,6 +433,7 @@ class ParallelMoE(nn.Module):
         prefix: str = "",
         fp8_spec: BlockFp8Spec | None = None,
         moe_op: str = "exact",
+        static_experts: bool = False,
     ):
         super().__init__()
         self.par = par
@@ -434,7 +448,9 @@ class ParallelMoE(nn.Module):
             from .fused_moe import check_layer
 
             check_layer(prefix, quant_config, fp8_spec, skipped, config.hidden_size)
-        self.experts = ParallelExperts(config, par, fp8_block, op=moe_op, quant_config=quant_config)
+        self.experts = ParallelExperts(
+            config, par, fp8_block, op=moe_op, quant_config=quant_config, static=static_experts
+        )
         self.shared_experts = ParallelMLP(
             config.hidden_size,
             config.moe_intermediate_size * config.n_shared_experts,
@@ -471,12 +487,14 @@ def decoder_mlp(
     prefix: str = "",
     fp8_spec: BlockFp8Spec | None = None,
     moe_op: str = "exact",
+    static_experts: bool = False,
 ) -> nn.Module:
     """``prefix``: the MLP's module name (``model.language_model.layers.<i>.mlp``). ``fp8_spec``: the
     checkpoint's block-FP8 spec (the routed experts then stay FP8 at rest), None for a BF16 one.
-    ``moe_op``: GLM5_NEXT_MOE_OP (the routed experts' op)."""
+    ``moe_op``: GLM5_NEXT_MOE_OP (the routed experts' op). ``static_experts``: the exact loop's card
+    form (``ParallelExperts``' ``static``; the model sets it off vLLM's CPU platform)."""
     if config.mlp_layer_types[layer_idx] == "sparse":
-        return ParallelMoE(config, par, quant_config, prefix, fp8_spec, moe_op)
+        return ParallelMoE(config, par, quant_config, prefix, fp8_spec, moe_op, static_experts)
     return ParallelMLP(
         config.hidden_size, config.intermediate_size, config.swiglu_limit, par, quant_config=quant_config, prefix=prefix
     )

@@ -109,7 +109,7 @@ def _layer(t, qc, spec, stream, placement, op):
     rank, size, ep = placement
     par = Parallel(rank, size, ep, reduce=lambda x: x, gather=lambda x: x)  # the rank's partial sum
     with torch.device("hpu"):
-        moe = ParallelMoE(t, par, qc, f"{LAYERS}.1.mlp", spec, moe_op=op)
+        moe = ParallelMoE(t, par, qc, f"{LAYERS}.1.mlp", spec, moe_op=op, static_experts=True)  # as on HPU
     root = _under(moe)
     report = load_checkpoint(root, stream, t.num_hidden_layers, tp_rank=rank, tp_size=size, fp8=spec)
     hpu_process_weights_after_loading(root, get_current_vllm_config().model_config, "hpu")
