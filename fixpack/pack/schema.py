@@ -119,7 +119,7 @@ def _strict_loader(yaml):
     which plain YAML loading resolves silently by keeping the last."""
     global _LOADER
     if _LOADER is None:
-        base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
         class StrictSafeLoader(base):
             def construct_mapping(self, node, deep=False):

@@ -388,7 +388,13 @@ def _test_bases(profile: Profile, jobs: list[FixJob], pristine: Path, work: Path
 
 
 # The modules that run a proof: what they import of fixpack is followed from them.
-PROOF_CODE = ("proofs/check.py", "proofs/proof.py", "proofs/pytest_plugin.py", "proofs/release_tree.py", "sandbox/forkserver.py")
+PROOF_CODE = (
+    "proofs/check.py",
+    "proofs/proof.py",
+    "proofs/pytest_plugin.py",
+    "proofs/release_tree.py",
+    "sandbox/forkserver.py",
+)
 
 
 def _import_roots(fix_dir: Path) -> tuple[Path, list[Path]]:
@@ -484,7 +490,9 @@ def fix_key(
     """The proof key of the fix in ``fix_dir`` (the parts are described in _proof_keys)."""
     ini_dir, roots = _import_roots(fix_dir)
     conftests = [
-        d / "conftest.py" for d in [fix_dir, *fix_dir.parents] if (d / "conftest.py").is_file() and ini_dir in [d, *d.parents]
+        d / "conftest.py"
+        for d in [fix_dir, *fix_dir.parents]
+        if (d / "conftest.py").is_file() and ini_dir in [d, *d.parents]
     ]
     tests = reuse.digest_of([reuse.closure_digest(test_files + conftests, roots, ini_dir), _pytest_ini(ini_dir)])
     return reuse.Key(

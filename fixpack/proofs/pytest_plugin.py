@@ -72,7 +72,8 @@ def releases_of(item) -> set[str] | None:
 
 def pytest_collection_modifyitems(config, items):
     release = os.environ.get(RELEASE_ENV)
-    keep, drop = [], []
+    keep: list = []
+    drop: list = []
     for item in items:
         named = releases_of(item)
         (keep if named is None or release in named else drop).append(item)

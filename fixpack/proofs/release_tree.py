@@ -12,6 +12,7 @@ import importlib.machinery
 import os
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 TREE_ENV = "FIXPACK_TREE"
@@ -46,6 +47,11 @@ class _Inert:
 
 
 class _StubModule(types.ModuleType):
+    # what the finder sets on the stub modules it makes
+    __fixpack_stub__: bool
+    is_available: Callable[[], bool]
+    device_count: Callable[[], int]
+
     def __getattr__(self, item: str):
         if item.startswith("__"):
             raise AttributeError(item)
@@ -76,7 +82,7 @@ class _HabanaFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 hpu = _StubModule("torch.hpu")
                 hpu.is_available = lambda: False
                 hpu.device_count = lambda: 0
-                torch.hpu = hpu
+                setattr(torch, "hpu", hpu)  # noqa: B010 (torch has no such attribute to type-check)
         if module.__name__ == "habana_frameworks.torch.hpu":
             module.is_available = lambda: False
             module.device_count = lambda: 0

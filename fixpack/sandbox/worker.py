@@ -83,7 +83,7 @@ def sealed(protection: dict | None) -> bool:
 def _guard_writes(allowed_dir: str) -> None:
     allowed = os.path.realpath(allowed_dir) + os.sep
     # event -> (position of a path it writes, position of that path's dir_fd or None), per path
-    write_events = {
+    write_events: dict[str, list[tuple[int, int | None]]] = {
         "os.remove": [(0, 1)], "os.rmdir": [(0, 1)], "os.mkdir": [(0, 2)], "os.truncate": [(0, None)],
         "os.chmod": [(0, 2)], "os.chown": [(0, 3)], "os.utime": [(0, 3)], "shutil.rmtree": [(0, 1)],
         "os.rename": [(0, 2), (1, 3)], "os.replace": [(0, 2), (1, 3)], "os.symlink": [(1, 2)],

@@ -210,12 +210,13 @@ class _LayerDsa:
     def bias(self, kv_cache, md):
         """The step's attention metadata with the selection applied (None: no buffers yet, the
         profile run and warm-up before the caches: the dense path)."""
-        if self.keys is None or kv_cache is None or len(kv_cache) < 2:
+        if self.keys is None or self.pos is None or kv_cache is None or len(kv_cache) < 2:
             return None
-        if kv_cache[0].shape[0] != self.keys.shape[0]:
+        keys_buf, pos_buf = self.keys, self.pos
+        if kv_cache[0].shape[0] != keys_buf.shape[0]:
             raise RuntimeError(
                 f"{self.name}: the MLA cache has {kv_cache[0].shape[0]} rows, the DSA key buffer "
-                f"{self.keys.shape[0]}: the cache was reallocated without the runner's initialize_kv_cache"
+                f"{keys_buf.shape[0]}: the cache was reallocated without the runner's initialize_kv_cache"
             )
         x, q_resid, positions = self.step.pop("x"), self.step.pop("q_resid"), self.step.pop("positions")
         # one row per token, whatever batch shape the runner gives the model
@@ -228,8 +229,8 @@ class _LayerDsa:
         new_keys = self.indexer.keys(x, cos, sin)
         q, w = self.indexer.queries(x, q_resid, cos, sin)
         slots = md.slot_mapping.flatten()
-        self.keys.index_copy_(0, slots, new_keys.to(self.keys.dtype))
-        self.pos.index_copy_(0, slots, positions.to(self.pos.dtype))
+        keys_buf.index_copy_(0, slots, new_keys.to(keys_buf.dtype))
+        pos_buf.index_copy_(0, slots, positions.to(pos_buf.dtype))
         bs, d = md.block_size, self.indexer.head_dim
         if md.is_prompt:
             b = md.seq_lens_tensor.shape[0]
@@ -237,8 +238,8 @@ class _LayerDsa:
             keys, key_pos = new_keys.view(b, t, d), positions.view(b, t)
             if md.block_list is not None:
                 ctx = md.block_list.view(-1)
-                ctx_keys = self.keys.view(-1, bs, d).index_select(0, ctx).view(b, -1, d)
-                ctx_pos = self.pos.view(-1, bs).index_select(0, ctx).view(b, -1)
+                ctx_keys = keys_buf.view(-1, bs, d).index_select(0, ctx).view(b, -1, d)
+                ctx_pos = pos_buf.view(-1, bs).index_select(0, ctx).view(b, -1)
                 keys, key_pos = torch.cat([ctx_keys, keys], 1), torch.cat([ctx_pos.to(key_pos.dtype), key_pos], 1)
             bias = md.attn_bias if md.attn_bias is not None else _causal_bias(md.seq_lens_tensor, t, x.dtype)
             bias = prefill_bias(
@@ -259,8 +260,8 @@ class _LayerDsa:
                 md.block_mapping,
                 q,
                 w,
-                self.keys.view(-1, bs, d).index_select(0, blocks),
-                self.pos.view(-1, bs).index_select(0, blocks),
+                keys_buf.view(-1, bs, d).index_select(0, blocks),
+                pos_buf.view(-1, bs).index_select(0, blocks),
                 positions,
                 self.topk,
                 self.threshold,

@@ -136,7 +136,7 @@ def _row(xr, even, table, qr, sr):
         first = b * 32
         m = 0
         for i in range(32):
-            m = max(m, np.int32(xr[first + i]) & 0x7FFF)
+            m = max(m, np.int32(xr[first + i]) & 0x7FFF)  # type: ignore[assignment]  # numba types m
         if m > 0x7F7F:  # exponent all ones: Inf or NaN
             bad = True
             sr[b] = 255
