@@ -54,7 +54,6 @@ class Card:
     mme: dict[str, Figure]
     tpc: dict[str, Figure]
     scale_up_bandwidth: Figure  # bytes/s a card sends to its peers at once, unidirectional
-    peers: int = 7
 
     @property
     def hbm_bytes(self) -> int:
@@ -199,12 +198,12 @@ class Calibration:
     )
     step_host: Constant = field(
         default_factory=lambda: Constant(
-            0.01812, "s/step", "write-up: decode step 24.5 ms, 1 stream, 2K, Sinkhorn kernel, one graph a step", ""
+            0.01806, "s/step", "write-up: decode step 24.5 ms, 1 stream, 2K, Sinkhorn kernel, one graph a step", ""
         )
     )
     efficiency: Constant = field(
         default_factory=lambda: Constant(
-            0.5235, "of peak", "write-up: 8,192-token prompt chunk 975 ms, scan (fused FP8 experts)", ""
+            0.5126, "of peak", "write-up: 8,192-token prompt chunk 975 ms, scan (fused FP8 experts)", ""
         )
     )
     collective_latency: Constant = field(
