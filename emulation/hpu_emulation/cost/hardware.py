@@ -85,8 +85,7 @@ GAUDI2 = Card(
     hbm_marketed=Figure(96 * GIGA, HOT_CHIPS_2024 + ": Gaudi 2 HBM capacity 96 GB"),
     hbm_reported_mib=Figure(
         98_304,
-        "hl-smi on HL-225 (Gaudi 2) reports 98304MiB total (public hl-smi outputs; "
-        "research/port-audit-mxfp4-8e501e7.md section 5)",
+        "hl-smi on HL-225 (Gaudi 2) cards reports 98304MiB total (public hl-smi outputs)",
     ),
     mme={
         "bf16": Figure(432 * TERA, HOT_CHIPS_2024 + ": Gaudi 2 peak compute BF16 432 TFLOPs"),
