@@ -222,6 +222,8 @@ def flash_report(recipe: Path, card: Card = GAUDI2, cal: Calibration | None = No
         ("decode 2K, switches on, fused FP8 experts", fused_on, 1, 2 * K, True),
         ("decode 128K, switches on, fused FP8 experts", fused_on, 1, 128 * K, True),
         ("decode 2K, switches off, fused FP8 experts", fused_off, 1, 2 * K, True),
+        (f"prefill 2,048-token prompt (one step), {default.moe_op} experts (the recipe)", default, 2048, 0, False),
+        ("prefill 2,048-token prompt (one step), fused experts", fused_on, 2048, 0, False),
         (f"prefill chunk {chunk}, no context, {default.moe_op} experts (the recipe)", default, chunk, 0, False),
         (f"prefill chunk {chunk}, no context, fused experts", fused_on, chunk, 0, False),
         (f"prefill chunk {chunk} at 120K context, fused experts", fused_on, chunk, 122880, False),
