@@ -1,4 +1,4 @@
-"""The fit of the calibration constants (:class:`hardware.Calibration`) on five rows of the write-up
+"""The fit of the calibration constants (:class:`hardware.Calibration`) on four rows of the write-up
 (seed 001), all on GLM-5.3-Flash traced at its real shapes (:mod:`.flash`, vLLM needed):
 
 1. ``host_op`` = host recording of a KDA call with the sequential carry (31.8 ms) over the aten ops

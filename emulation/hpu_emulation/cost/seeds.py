@@ -1,5 +1,5 @@
 """Every performance figure the seed pages publish, as data: the rows the planning command sets its
-predictions beside. ``fit`` marks the five rows the calibration constants were fitted on
+predictions beside. ``fit`` marks the four rows the calibration constants were fitted on
 (:mod:`.calibrate`); every other row is a prediction.
 
 Sources: 000 = the GLM-5.3-Flash serving page ("Performance": single stream, warm, decode 512
