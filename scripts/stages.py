@@ -95,9 +95,22 @@ def stages(extra: list[str]) -> list[Stage]:
         Stage(
             "emulation",
             py_cpu,
-            pytest_args(*FAULT, "emulation/tests"),
+            pytest_args(*FAULT, "--ignore-glob=emulation/tests/test_cost_*.py", "emulation/tests"),
             2400,
             "the Habana emulation and vllm-gaudi's runner on it (Llama, DeepSeek-V2, Qwen3-Next, TP 2, the OpenAI server)",
+        ),
+        Stage(
+            "cost-model",
+            py_cpu,
+            pytest_args(
+                *FAULT,
+                "emulation/tests/test_cost_model.py",
+                "emulation/tests/test_cost_flash_floors.py",
+                "emulation/tests/test_cost_glm53.py",
+            ),
+            1200,
+            "the Gaudi time and memory model (predictions, not measurements): its unit rules, both ports at the "
+            "recipes' real shapes on meta tensors, the Flash recipe against the serving page's floors",
         ),
         Stage(
             "unit-tests-v0.26.0",
