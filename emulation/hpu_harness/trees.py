@@ -43,7 +43,9 @@ def build(dest: Path | str, profile: str = "v0.26.0", *, patched: bool = True, e
             run("apply_all.py", "--profile", profile, "--root", str(dest), *(extra or []))
     except subprocess.CalledProcessError as exc:
         if exc.returncode == SOURCE_UNAVAILABLE:
-            raise SourcesUnavailable(f"SOURCE UNAVAILABLE: the {profile} release sources: {exc.stderr.strip()[-400:]}") from None
+            raise SourcesUnavailable(
+                f"SOURCE UNAVAILABLE: the {profile} release sources: {exc.stderr.strip()[-400:]}"
+            ) from None
         raise TreeBuildFailed(f"building the {profile} tree in {dest} failed:\n{exc.stdout}\n{exc.stderr}") from None
     return dest
 
