@@ -191,10 +191,18 @@ def new_tree(pack_root: Path, dest: Path) -> Path:
 
 
 def fixpack(
-    *args: str, pack: Path | None = None, env: dict | None = None, timeout: float = 120, cwd: Path | None = None
+    *args: str,
+    pack: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    kernel_without: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the CLI in its own process, as users do."""
+    """Run the CLI in its own process, as users do; ``kernel_without`` ("landlock", "seccomp")
+    runs it as on a kernel without that (packtests.kernel_without)."""
     cmd = [sys.executable, "-m", "fixpack", *args]
+    if kernel_without:
+        cmd = [sys.executable, "-m", "packtests.kernel_without", kernel_without, *cmd]
     if pack is not None and args and args[0] not in ("sources",):
         cmd += ["--pack", str(pack)]
     e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")

@@ -122,10 +122,8 @@ class Engine:
                 raise EnvironmentFault(
                     f"{p}: expected a regular file, found {exc.what.split(',')[0]}; nothing was changed"
                 ) from None
-            except dirfd.ParentReplaced as exc:
-                raise EnvironmentFault(
-                    f"{p}: a folder on its way is a symlink or not a folder ({exc.detail}); nothing was changed"
-                ) from None
+            except dirfd.ParentReplaced as exc:  # nothing is read, nor written, through it
+                raise dirfd.ParentReplaced(str(p), exc.detail, done="written") from None
             except OSError as exc:
                 raise fs_error(exc, f"cannot read {p}") from exc
         return out

@@ -149,7 +149,7 @@ class Runner:
         try:
             proc = self._server(fix.kind).run(job, timeout)
         except ServerDied as exc:
-            self._check_outside(fix, watch, stage)
+            self._check_outside(fix, watch)
             raise FixFailed(f"{fix.id}: {printable(str(exc))}; nothing was written") from None
         # the stage's path led into the state folder when the process was confined to it; if
         # the folder was swapped since, its outputs are not read from wherever it leads now
@@ -160,7 +160,7 @@ class Runner:
             # are compared once, at the end of the run, not after every such fix.
             self._unchecked.append(fix.id)
         else:
-            self._check_outside(fix, watch, stage)
+            self._check_outside(fix, watch)
         self._note_protection(got)
         if proc["timed_out"]:
             raise FixFailed(
@@ -315,10 +315,17 @@ class Runner:
             "run `fixpack verify`, and find what else writes to these packages"
         )
 
-    def _check_outside(self, fix: Fix, watch: TreeWatch, stage: Path) -> None:
+    def _check_outside(self, fix: Fix, watch: TreeWatch) -> None:
         """A fix's process may have changed nothing but its staging folder. Anything else is put
         back where the driver can, and the fix fails naming every change."""
-        changed = watch.changes()
+        try:
+            changed = watch.changes()
+        except dirfd.BoundExceeded as exc:
+            # more entries than a scan takes: what changed is not known, so nothing is put back
+            raise FixFailed(
+                f"fix {fix.id}: after its process ended (not sealed by the kernel: it, or another process, may have "
+                f"made it so), {exc}. Nothing of this fix was written; reinstall the package, then run `fixpack verify`"
+            ) from None
         if not changed:
             return
         watch.restore(changed)

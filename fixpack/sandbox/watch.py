@@ -73,7 +73,7 @@ def scan(roots: list[Path], skip: set[str], deep: list[str] | None = None) -> di
                     if len(out) > WALK_ENTRIES:
                         raise BoundExceeded(
                             str(r), f"more than {WALK_ENTRIES} entries under it (with {', '.join(map(str, roots))}); fixpack walks no "
-                            "further: a tree shaped to exhaust the driver, not an installed package; nothing was changed"
+                            "further: a tree shaped to exhaust the driver, not an installed package"
                         )
                     if stat.S_ISDIR(st.st_mode):
                         if depth + 1 >= WALK_DEPTH:
@@ -87,7 +87,7 @@ def _too_deep(path: str, root: str, deep: list[str] | None) -> None:
     if deep is None:
         raise BoundExceeded(
             printable(path), f"folders nested deeper than {WALK_DEPTH} levels below {root}; fixpack walks no deeper: a tree "
-            "shaped to exhaust the driver, not an installed package; nothing was changed"
+            "shaped to exhaust the driver, not an installed package"
         )
     deep.append(path)
 
@@ -170,7 +170,10 @@ class TreeWatch:
         """The snapshot a fix's process is compared with. A tree deeper or larger than the walk's
         bounds is refused (`BoundExceeded`, exit 6): nothing has run yet."""
         old = self.before
-        self.before = scan(self.roots, self.skip)
+        try:
+            self.before = scan(self.roots, self.skip)
+        except BoundExceeded as exc:
+            raise BoundExceeded(exc.path, f"{exc.what}; nothing was changed") from None
         if not self.keep_bytes:
             return
         for path, e in self.before.items():

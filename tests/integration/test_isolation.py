@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,11 @@ def test_the_fork_servers_run_isolated_in_a_folder_only_root_can_write(tmp_path)
         assert server.proc is not None
         pid = server.proc.pid
         assert os.readlink(f"/proc/{pid}/cwd") == "/"
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        # Popen returns once the child is past vfork, which is a moment before exec has laid out
+        # the new arguments: until then the kernel shows none
+        deadline = time.monotonic() + 10
+        while (argv := Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")) == [b""] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert argv[1:4] == [b"-I", b"-S", b"-B"], argv
         path = interpreter.server_path()
         assert path[0] == str(B.REPO) and str(tmp_path) not in path
