@@ -68,13 +68,14 @@ class ParentReplaced(EnvironmentFault):
     """A folder on the way to ``path`` is not the one the driver saw: a symlink, another type,
     another folder, or gone."""
 
-    def __init__(self, path: str, detail: str = "", done: str = "restored"):
+    def __init__(self, path: str, detail: str = "", done: str = "restored", gone: bool = False):
         super().__init__(
             f"{path}: a parent was replaced during the run; nothing was {done} through it"
             + (f" ({detail})" if detail else "")
         )
         self.path = path
         self.detail = detail
+        self.gone = gone  # a folder on the way is missing (not swapped for something else)
 
 
 def open_parent(root: str, path: str, expect: Callable[[str], tuple | None], done: str = "restored") -> tuple[int, str]:
@@ -98,7 +99,7 @@ def open_parent(root: str, path: str, expect: Callable[[str], tuple | None], don
             os.close(fd)
             raise
     except ParentReplaced as exc:
-        raise ParentReplaced(path, exc.detail, done) from None  # named by the entry it was for
+        raise ParentReplaced(path, exc.detail, done, exc.gone) from None  # named by the entry it was for
     return fd, parts[-1]
 
 
@@ -118,7 +119,7 @@ def _open_checked(dir_fd: int | None, name: str, path: str, expect: Callable[[st
                 f"{path} is no longer a folder: {'a symlink' if exc.errno == errno.ELOOP or _is_link(dir_fd, name) else 'another file type'}",
             ) from None
         if exc.errno == errno.ENOENT:
-            raise ParentReplaced(path, f"{path} is gone") from None
+            raise ParentReplaced(path, f"{path} is gone", gone=True) from None
         raise
     want = expect(path)
     st = os.fstat(fd)
@@ -369,8 +370,14 @@ def _regular(st: os.stat_result, shown: str, limit: int) -> None:
 def read_under(root: str, path: str, *, limit: int = READ_BOUND) -> bytes:
     """The bytes of ``path``, a file under the package folder ``root``, read through its
     folder's descriptor walked from ``root`` (`open_parent`: a symlink on the way is refused,
-    `ParentReplaced`) with `read_at`."""
-    pfd, name = open_parent(root, path, lambda _: None, done="read")
+    `ParentReplaced`) with `read_at`. A folder missing on the way is a missing file
+    (FileNotFoundError), as it is for a read by path."""
+    try:
+        pfd, name = open_parent(root, path, lambda _: None, done="read")
+    except ParentReplaced as exc:
+        if exc.gone:
+            raise FileNotFoundError(errno.ENOENT, f"{exc.detail}", path) from None
+        raise
     try:
         return read_at(pfd, name, limit=limit, path=path)
     finally:

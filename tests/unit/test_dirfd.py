@@ -170,6 +170,8 @@ def test_read_under_walks_from_the_package_folder_and_follows_no_symlink_on_the_
         read_under(str(pkg), str(pkg / "link" / "m.py"))
     with pytest.raises(ParentReplaced, match="not under"):
         read_under(str(pkg), str(pkg / ".." / "outside" / "m.py"))
+    with pytest.raises(FileNotFoundError):  # a folder missing on the way: the file is missing
+        read_under(str(pkg), str(pkg / "nowhere" / "deeper" / "m.py"))
 
 
 # ---- removal
