@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Apply a profile and its named opt-in fixes; exit non-zero when the image does not match.
 
-    python apply_all.py --profile v0.26.0 [opt-in fixes ...] [--port NAME] [--root DIR]
+    python -I -S apply_all.py --profile v0.26.0 [opt-in fixes ...] [--port NAME] [--root DIR]
+
+(``-I -S``: no ``.pth`` file, customize module, user site or PYTHON* variable runs code in it;
+plain ``python apply_all.py`` works too, with the interpreter's site hooks run as usual.)
 
 A thin door into `fixpack apply`; runs from a checkout without installing fixpack. At every
 container start the selection is usually applied already: that case is answered by hashing
@@ -13,6 +16,22 @@ import sys
 
 # os.path, not pathlib: pathlib alone costs more than the whole already-applied check.
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+if sys.flags.no_site:
+    # `python -I -S apply_all.py`: no .pth file of site-packages ran, and none will; its folders
+    # go on the path as plain folders (what fixpack imports from them: yaml, libcst, unidiff).
+    # Without `site`, a venv is not recognised either: its pyvenv.cfg is read here.
+    import site
+
+    prefixes = [sys.prefix]
+    bindir = os.path.dirname(os.path.abspath(sys.executable))
+    for venv in (bindir, os.path.dirname(bindir)):
+        cfg = os.path.join(venv, "pyvenv.cfg")
+        if os.path.isfile(cfg):
+            with open(cfg) as f:
+                shared = any(line.replace(" ", "").lower().startswith("include-system-site-packages=true") for line in f)
+            prefixes = [venv, sys.prefix] if shared else [venv]
+            break
+    sys.path += [d for d in site.getsitepackages(prefixes) if os.path.isdir(d) and d not in sys.path]
 
 
 def _fast(argv):

@@ -123,7 +123,24 @@ def state_cases() -> list[tuple[str, callable]]:
     out.append(("state folder swapped for a symlink mid-run", case(HR.test_a_state_folder_swapped_during_the_run_gets_no_write, what="exit 6, nothing written through it")))
     out.append(("pinned step, unpinned journal files", case(HS.test_a_journal_whose_step_is_pinned_but_whose_files_are_not_is_refused, what="drift, exit 5")))
     out.append(("change file over 1 MiB", case(TL.test_a_change_file_larger_than_the_bound_is_refused_before_it_is_read, what="exit 2")))
+    # issue 41: reads that never block, trees of any shape, isolated interpreters
+    from tests.integration import test_hostile_reads as HR41
+    from tests.integration import test_isolation as TI
+
+    for kind in ("fifo", "symlink-to-dev-zero", "char-device", "folder", "sparse-16g"):
+        out.append((f"backup object a {kind}", case(HR41.test_a_backup_that_is_no_regular_file_stops_revert_by_name_at_once, kind, what="drift, exit 5, no hang")))
+    out.append(("16 GiB sparse journal", case(HR41.test_a_journal_that_is_no_regular_file_or_huge_is_unreadable_not_read, "sparse-16g", what="exit 5, not read")))
+    out.append(("state record a FIFO", case(HR41.test_a_state_record_that_is_no_regular_file_is_corrupt_and_apply_rebuilds_it, "fifo", what="corrupt, rebuilt, no hang")))
+    out.append(("state folder of another user holding a FIFO", case(HR41.test_the_state_folder_owner_is_checked_before_its_files_are_read, what="exit 6 before any read")))
+    out.append(("run lock private", case(HR41.test_the_run_lock_is_private, what="mode 0600")))
+    out.append(("3,000-deep chain made in the tree (hook)", case(HR41.test_without_the_kernel_a_fix_making_a_3000_deep_chain_in_the_tree_is_undone_whole, what="exit 4, removed whole")))
+    for kind in ("diff", "codemod"):
+        out.append((f"planted .pth file ({kind} server)", case(TI.test_a_planted_pth_file_runs_in_no_fork_server_and_no_fix_process, kind, what="runs in no server")))
+    out.append(("planted .pth file, python -I -S apply_all.py", case(TI.test_with_dash_i_dash_s_the_planted_pth_runs_nowhere_and_apply_all_still_works, what="runs nowhere")))
+    for how in ("mode-777", "owned-by-another-user", "parent-777-without-sticky"):
+        out.append((f"path entry writable by another user ({how})", case(TI.test_a_path_entry_another_user_can_write_is_refused_by_name_before_anything_starts, how, what="exit 6, named")))
     return out
+
 
 
 def main() -> int:

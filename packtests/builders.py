@@ -191,10 +191,18 @@ def new_tree(pack_root: Path, dest: Path) -> Path:
 
 
 def fixpack(
-    *args: str, pack: Path | None = None, env: dict | None = None, timeout: float = 120, cwd: Path | None = None
+    *args: str,
+    pack: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    kernel_without: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the CLI in its own process, as users do."""
+    """Run the CLI in its own process, as users do; ``kernel_without`` ("landlock", "seccomp")
+    runs it as on a kernel without that (packtests.kernel_without)."""
     cmd = [sys.executable, "-m", "fixpack", *args]
+    if kernel_without:
+        cmd = [sys.executable, "-m", "packtests.kernel_without", kernel_without, *cmd]
     if pack is not None and args and args[0] not in ("sources",):
         cmd += ["--pack", str(pack)]
     e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
@@ -390,3 +398,35 @@ def stand_in_v030_pack(dev_tree: Path, tmp: Path) -> tuple[Path, dict[str, str]]
                 f"fixpack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
             )
     return pack, env
+
+
+def deep_chain(top: Path, depth: int, name: str = "d") -> Path:
+    """``depth`` nested folders ``name`` under ``top``, made one level at a time through
+    descriptors (a path that long is more than the kernel takes in one call), with an empty file
+    ``bottom`` in the last; returns the first folder's path. A tree this deep crashes
+    `shutil.rmtree` (it recurses): remove it with `remove_tree`."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=fd)
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.close(os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+    return top / name
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` at any depth (fixpack.apply.dirfd.remove_tree_at), if it is there: what a
+    test that made a deep chain leaves for pytest's own clean-up, which recurses."""
+    from fixpack.apply.dirfd import remove_tree_at
+
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        remove_tree_at(fd, path.name)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)

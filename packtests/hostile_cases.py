@@ -17,6 +17,7 @@ neither the tree nor a folder outside it changed (nor a marker file appeared).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -90,6 +91,7 @@ class Case:
     forge: str | None = None  # re-pin this fix's hash in the lock
     args: tuple = ()  # extra arguments (apply) or the command line (raw)
     tree_changes: bool = False  # the setup itself edits the tree (the digest is taken after it)
+    env: dict | None = None  # more environment for the command (FIXPACK_SANDBOX=hook, say)
 
 
 GOOD_HUNK = B.DIFF_ONE[B.DIFF_ONE.index("@@") :]  # fix-one's hunk, under other headers
@@ -176,6 +178,42 @@ def _lock_edit(fn):
 
 
 PWN = "{marker}"  # replaced by the marker path at run time
+
+# Issue 41: a fix's process hands the driver something other than a regular file where its
+# output should be, or shapes its stage to exhaust the driver. The FIFO lives in the work folder
+# beside ``outside`` (a FIFO there would hang the test's own digest of ``outside``).
+SPECIALS = "os.path.join(os.path.dirname(os.path.dirname({marker!r})), 'specials')"
+FORGE_RESULT = "import json\nprint(json.dumps(dict(outputs={'pkg_a/sub/other.py': '0.out'})), flush=True)\nos._exit(0)"
+
+
+def _specials(c: Ctx) -> None:
+    (c.outside.parent / "specials").mkdir(exist_ok=True)
+    os.mkfifo(c.outside.parent / "specials" / "fifo")
+
+
+def _output_is(body: str):
+    """A codemod that makes ``0.out`` something else (``body``), then forges the worker's answer
+    so the driver goes to read it."""
+    return lambda c: (_specials(c), c.codemod(f"{body}\n{FORGE_RESULT}"))
+
+
+# a chain of folders in the current folder, by libc (a path that long is more than os.makedirs
+# takes, and the audit hook is not what is tested here), ending where it began
+DEEP_CHAIN = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+here = os.getcwd()
+for _ in range({depth}):
+    if libc.mkdir(b'{name}', 0o700) != 0:
+        raise OSError(ctypes.get_errno(), 'mkdir')
+    os.chdir('{name}')
+os.chdir(here)
+"""
+
+
+def _deep_chain_in_package(c: Ctx) -> None:
+    B.deep_chain(c.tree / "pkg_a", 100, name="deep")
+
 
 CASES: list[Case] = [
     # ---- diff headers and paths
@@ -452,7 +490,7 @@ CASES: list[Case] = [
         lambda c: ((c.tree / "pkg_a" / "mod.py").unlink(), (c.tree / "pkg_a" / "mod.py").mkdir()),
         "apply",
         6,
-        "found a directory",
+        "found a folder",
         tree_changes=True,
     ),
     Case(
@@ -947,6 +985,135 @@ CASES: list[Case] = [
         template="codemod-first",
         forge="fix-two",
     ),
+    # ---- issue 41: what the driver reads of a fix's stage, and what it removes
+    Case(
+        "output-symlink-to-fifo",
+        "a codemod replacing its output by a symlink to a FIFO (a read by path would wait for ever)",
+        _output_is(
+            f"os.remove('0.out') if os.path.lexists('0.out') else None\nos.symlink(os.path.join({SPECIALS}, 'fifo'), '0.out')"
+        ),
+        "apply",
+        4,
+        r"its output for pkg_a/sub/other\.py, \S*0\.out: a symlink, not a regular file",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "output-symlink-to-dev-zero",
+        "a codemod replacing its output by a symlink to /dev/zero (a read by path would never end)",
+        _output_is("os.symlink('/dev/zero', '0.out')"),
+        "apply",
+        4,
+        r"its output for pkg_a/sub/other\.py, \S*0\.out: a symlink, not a regular file",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "output-is-folder",
+        "a codemod making its output a folder",
+        _output_is("os.mkdir('0.out')\nopen('0.out/x', 'w').write('x')"),
+        "apply",
+        4,
+        r"its output for pkg_a/sub/other\.py, \S*0\.out: a folder, not a regular file",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "output-is-fifo",
+        "a codemod making a FIFO of its output itself",
+        _output_is("os.mkfifo('0.out')"),
+        "apply",
+        4,
+        "Operation not permitted|refused by the kernel",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "output-missing",
+        "a codemod that removes its output and says it wrote it",
+        _output_is("None"),
+        "apply",
+        4,
+        r"did not write \S*0\.out",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "stage-3000-deep",
+        "a codemod leaving a 3,000-deep chain of folders in its stage (a recursive removal crashes and leaves it)",
+        _cm(DEEP_CHAIN.format(depth=3000, name="a") + "return node"),
+        "apply",
+        4,
+        r"wrote files it did not declare \(a\)",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "stage-wide",
+        "a codemod leaving 20,000 files in its stage",
+        _cm("for i in range(20000):\n    open(f'f{i}', 'w').close()\nreturn node"),
+        "apply",
+        4,
+        r"wrote files it did not declare \(f\d+(, f\d+){9} and 19990 more\)",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "stage-symlinks-out",
+        "a codemod leaving symlinks to outside folders and a symlink loop in its stage",
+        _cm(
+            "os.symlink(os.path.dirname({marker!r}), 'out')\nos.mkdir('d')\n"
+            "os.symlink(os.path.dirname(os.path.dirname({marker!r})), 'd/up')\nos.symlink('l1', 'l0')\nos.symlink('l0', 'l1')\nreturn node"
+        ),
+        "apply",
+        4,
+        r"wrote files it did not declare \(d, l0, l1, out\)",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "deep-folder-in-package",
+        "a 100-deep chain of folders planted in a package folder before the run",
+        _deep_chain_in_package,
+        "apply",
+        6,
+        r"pkg_a/deep/(deep/)+deep: folders nested deeper than 64 levels below \S*pkg_a",
+        tree_changes=True,
+    ),
+    Case(
+        "error-with-terminal-escapes",
+        "a codemod whose error clears the screen, forges an 'already applied' line and sets the clipboard",
+        _cm(
+            "raise RuntimeError('\\x1b[2J\\x1b[H\\nfix-two.................................applied\\x1b]52;c;cHduZWQ=\\x07')"
+        ),
+        "apply",
+        4,
+        r"RuntimeError: \\x1b\[2J\\x1b\[H\n  \| fix-two\.+applied\\x1b\]52;c;cHduZWQ=\\x07",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "output-with-terminal-escapes",
+        "a codemod printing terminal escapes to its output before it fails",
+        _cm(
+            "import sys\nsys.stderr.write('\\x1b[2J\\rfix-one....applied\\n\\x9b31m')\nsys.stderr.flush()\nraise RuntimeError('boom')"
+        ),
+        "apply",
+        4,
+        r"--- its output:\n(  \| .*\n)*  \| \\x1b\[2J\\x0dfix-one\.+applied",
+        template="codemod-first",
+        forge="fix-two",
+    ),
+    Case(
+        "undeclared-name-with-escapes",
+        "a codemod naming an undeclared file with terminal escapes",
+        _cm("open('\\x1b[2Jevil\\x07', 'w').close()\nreturn node"),
+        "apply",
+        4,
+        r"did not declare \(\\x1b\[2Jevil\\x07\)",
+        template="codemod-first",
+        forge="fix-two",
+    ),
     Case(
         "codemod-import-error",
         "a codemod importing a module that does not exist",
@@ -983,7 +1150,7 @@ def run_case(case: Case, work: Path) -> subprocess.CompletedProcess:
     before = B.tree_digest(tree)
     outside_before = B.tree_digest(outside)
     pack_before = B.tree_digest(root)
-    env = {"FIXPACK_TEST_TREE": str(tree)}
+    env = {"FIXPACK_TEST_TREE": str(tree), **(case.env or {})}
     if case.mode == "validate":
         r = B.fixpack("validate", pack=root, env=env)
     elif case.mode == "apply":
@@ -1025,6 +1192,13 @@ def run_case(case: Case, work: Path) -> subprocess.CompletedProcess:
         f"{case.id}: something was written outside the tree: {B.tree_digest(outside)}"
     )
     assert not marker.exists(), f"{case.id}: the hostile input created {marker}"
+    # text from a fix is printed escaped: no terminal control reaches the output (issue 41)
+    raw = [c for c in out if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0]
+    assert not raw, f"{case.id}: control characters printed raw: {sorted(set(raw))!r}"
+    # nothing left behind: every fix's stage is removed, whatever its process made there
+    staging = tree / ".fixpack" / "staging"
+    left = sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
+    assert not left, f"{case.id}: stages left behind: {left}"
     if case.mode != "lock":
         assert B.tree_digest(root) == pack_before, f"{case.id}: the pack changed"
     return r

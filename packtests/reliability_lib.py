@@ -682,7 +682,7 @@ def swapped_mid_run(work: Path, action: str) -> str:
     }
     r = sc.run("apply", faults=faults)
     code, pat = {
-        "dir": (6, "expected a regular file, found a directory"),
+        "dir": (6, "expected a regular file, found a folder"),
         "symlink": (6, "symlink"),
         "edit": (5, "changed while"),
         "rm": (6, "expected a regular file|missing|cannot"),

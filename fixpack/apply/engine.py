@@ -8,18 +8,16 @@ process (fixpack.sandbox.runner) and committed all-or-nothing under a journal (f
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack import __version__
-from fixpack.apply import journal
+from fixpack.apply import dirfd, journal
 from fixpack.apply.hashing import sha256_bytes, short
 from fixpack.apply.state import Journal, Layer, StateRecord, Step, Unreadable, expected_after, pinned_steps
 from fixpack.apply.store import Store, fs_error
-from fixpack.cli.output import Lines
+from fixpack.cli.output import Lines, printable
 from fixpack.errors import BaseMismatch, ConfigError, Drift, EnvironmentFault, FixFailed
 from fixpack.pack.lockfile import Lock, selection_key
 from fixpack.pack.pack import Fix, Pack, Port, Profile
@@ -109,22 +107,23 @@ class Engine:
         return _hashes(self.contents(rels))
 
     def contents(self, rels) -> dict[str, bytes | None]:
-        """Each target's bytes (None: missing); anything but a regular file is refused."""
+        """Each target's bytes (None: missing), each read once, through its folder's descriptor
+        walked from its package folder (fixpack.apply.dirfd.read_under: no symlink followed on the
+        way or at its name, never blocking, at most `dirfd.READ_BOUND` bytes); anything but a
+        regular file is refused (exit 6)."""
         out: dict[str, bytes | None] = {}
         for rel in rels:
             p = self.path(rel)
             try:
-                st = os.lstat(p)
+                out[rel] = dirfd.read_under(str(self.root(rel)), str(p))
             except FileNotFoundError:
                 out[rel] = None
-                continue
-            if not stat.S_ISREG(st.st_mode):
+            except dirfd.NotRegular as exc:
                 raise EnvironmentFault(
-                    f"{p}: expected a regular file, found {'a symlink' if stat.S_ISLNK(st.st_mode) else 'a directory' if stat.S_ISDIR(st.st_mode) else 'a special file'}; nothing was changed"
-                )
-            try:
-                with open(p, "rb") as f:
-                    out[rel] = f.read()
+                    f"{p}: expected a regular file, found {exc.what.split(',')[0]}; nothing was changed"
+                ) from None
+            except dirfd.ParentReplaced as exc:  # nothing is read, nor written, through it
+                raise dirfd.ParentReplaced(str(p), exc.detail, done="written") from None
             except OSError as exc:
                 raise fs_error(exc, f"cannot read {p}") from exc
         return out
@@ -223,6 +222,7 @@ class Engine:
         for rel in rest:
             want = self.pristine(rel)
             if cur[rel] != want:
+                # from the packages' own version files, which their owner writes: escaped when printed
                 hint = "; ".join(
                     f"{k} {' '.join(f'{a}={b}' for a, b in v.items() if a in ('version', 'commit_id', 'git_head', 'direct_url_commit'))}"
                     for k, v in self._identity().items()
@@ -230,7 +230,7 @@ class Engine:
                 raise BaseMismatch(
                     f"{rel}: expected the pristine {self.profile.name} file {short(want)}, found {short(cur[rel])} "
                     f"({self.describe(rel, cur[rel])}). This image is not the release the profile pins; nothing was changed"
-                    + (f". Found: {hint}" if hint.strip() else "")
+                    + (f". Found: {printable(hint)}" if hint.strip() else "")
                 )
 
     # ---- journal
@@ -263,8 +263,9 @@ class Engine:
 
     # ---- fix processes
     def run_worker(
-        self, fix: Fix, inputs: dict[str, Path], pins: dict | None = None, hashes: dict | None = None
+        self, fix: Fix, inputs: dict[str, bytes], pins: dict | None = None, hashes: dict | None = None
     ) -> dict[str, bytes]:
+        """The fix's outputs from ``inputs``: the bytes the driver read and hashed (never read again)."""
         # the timeout as it is now: `fixpack apply --timeout` sets it after the engine is built;
         # with a lock, where it recorded this fix's definitions (a pinned module is not parsed again)
         known = (self.lock.data.get("definitions") or {}).get(fix.id) if self.lock is not None else None
@@ -294,7 +295,7 @@ class Engine:
         if self.pinned is None:
             return False
         state = self.store.read_state()
-        if not isinstance(state, StateRecord) or self.store.journal_path.exists():
+        if not isinstance(state, StateRecord) or self.store.has_journal():
             return False
         steps = state.steps
         if state.key != self.key or [s.fix for s in steps] != [f.id for f in self.fixes]:
@@ -391,13 +392,12 @@ class Engine:
                     f"{fix.id}: {rel} is {short(cur[rel])} ({self.describe(rel, cur[rel])}), expected {short(pins[rel][0])} "
                     f"({self.describe(rel, pins[rel][0])}); nothing was changed"
                 )
-        inputs = {rel: self.path(rel) for rel in rels}
         old = {rel: data for rel, data in read.items() if data is not None}
         key = (fix.id, self._fix_hash[fix.id], tuple(cur[r] for r in rels))
         if self.memo is not None and key in self.memo:
             new = self.memo[key]
         else:
-            new = self.run_worker(fix, inputs, pins, cur)
+            new = self.run_worker(fix, old, pins, cur)
             if self.memo is not None:
                 self.memo[key] = new
         files = {rel: [str(cur[rel]), sha256_bytes(new[rel])] for rel in rels}
@@ -426,13 +426,15 @@ class Engine:
 
     def unwind(self, step: Step, steps: list[Step]) -> list[Step]:
         changes = {}
-        cur = self.current(step.files)
+        read = self.contents(step.files)  # read once: the bytes checked are the bytes kept as the backup
+        cur = _hashes(read)
         for rel, (before, after) in step.files.items():
-            if cur[rel] != after:
+            data = read[rel]
+            if data is None or cur[rel] != after:
                 raise Drift(
                     f"{rel}: cannot undo {step.fix}: the file is {short(cur[rel])}, not its result {short(after)}"
                 )
-            changes[rel] = (self.path(rel).read_bytes(), self.store.get(before))
+            changes[rel] = (data, self.store.get(before))
         steps = self.commit("unwind", step, changes, steps)
         self.report.line(step.fix, "reverted", ", ".join(step.files))
         return steps

@@ -10,17 +10,43 @@ from __future__ import annotations
 import json
 import os
 
-from fixpack.apply import hashing
+from fixpack.apply import dirfd, hashing
 from fixpack.apply.locations import layer_port, locate, lock_path
 from fixpack.apply.locations import state_dir as state_folder
 from fixpack.kinds import CHANGE_FILES
 
 
-def _sha(path: str) -> str | None:
+def _sha(root: str, path: str) -> str | None:
+    """A target's sha256, read as the engine reads it (fixpack.apply.dirfd.read_under); None on any doubt."""
     try:
-        return hashing.sha256_file(path)
+        return hashing.sha256_bytes(dirfd.read_under(root, path))
+    except (OSError, dirfd.NotRegular, dirfd.ParentReplaced):
+        return None
+
+
+def _state(state_dir: str) -> dict | None:
+    """The state record, read as the Store reads it: through the state folder's descriptor, only
+    if its owner is this user or root and no one else may write it, never through a symlink,
+    from a FIFO or past its bound; None (the full engine decides) if anything is off or a
+    journal is there."""
+    try:
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+            return None
+        try:
+            os.stat("journal.json", dir_fd=fd, follow_symlinks=False)
+            return None
+        except FileNotFoundError:
+            pass
+        return json.loads(dirfd.read_at(fd, "state.json", limit=dirfd.STATE_BOUND))
+    except (OSError, ValueError, RecursionError, dirfd.NotRegular):
+        return None
+    finally:
+        os.close(fd)
 
 
 def fix_hash(fix_dir: str, release: str | None = None) -> str | None:
@@ -60,12 +86,10 @@ def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str
         packages = locate(lock["packages"], root)
         if len(packages) != len(lock["packages"]):
             return None
-        state_dir = state_folder(packages.values(), root, state_dir)
-        with open(os.path.join(state_dir, "state.json"), "rb") as f:
-            state = json.load(f)
+        state = _state(state_folder(packages.values(), root, state_dir))
     except (OSError, ValueError, KeyError, ImportError):
         return None
-    if os.path.exists(os.path.join(state_dir, "journal.json")):
+    if not isinstance(state, dict):
         return None
     if port is None and isinstance(state.get("port"), str):
         port = state["port"]  # a port applied at image build stays applied at container start
@@ -93,7 +117,6 @@ def _already_applied(pack_root: str, profile: str, opt_ins: list[str], port: str
         pkg, sub = rel.split("/", 1)
         if pkg not in packages:
             return None
-        path = os.path.join(packages[pkg], sub)
-        if os.path.islink(path) or _sha(path) != after:
+        if _sha(packages[pkg], os.path.join(packages[pkg], sub)) != after:
             return None
     return sel

@@ -13,9 +13,11 @@ import errno
 import json
 import os
 import signal
+import stat
 import time
 from pathlib import Path
 
+from fixpack.apply import dirfd
 from fixpack.apply.hashing import sha256_bytes
 from fixpack.apply.state import Journal, StateRecord, Unreadable
 from fixpack.errors import Drift, EnvironmentFault, Locked
@@ -119,8 +121,6 @@ def replace_in_tree(root: Path, path: Path, data: bytes, *, label: str = "") -> 
     descriptor of its folder, walked from ``root`` without following a symlink (fixpack.apply.dirfd):
     a folder on the way swapped during the run is refused (exit 6), never written through. The
     new file keeps the old one's owner and mode."""
-    from fixpack.apply import dirfd
-
     pfd, name = dirfd.open_parent(str(root), str(path), lambda _: None, done="written")
     try:
         try:
@@ -176,8 +176,6 @@ def drop_bytecode(path: Path, root: Path | None = None) -> None:
     """A rewritten .py must never run as its stale .pyc. With ``root`` (its package folder), the
     __pycache__ folder is reached through descriptors, as `replace_in_tree` reaches the file."""
     if root is not None:
-        from fixpack.apply import dirfd
-
         pfd, _ = dirfd.open_parent(str(root), str(path), lambda _: None, done="removed")
         try:
             try:
@@ -239,6 +237,7 @@ class Store:
         self.lock_path = state_dir / "lock"
         self._lock_fd: int | None = None
         self._dir_fd: int | None = None  # the state folder, opened once (`_folder`)
+        self._dir_owner: int | None = None
         self._objects_fd: int | None = None
         self._stored: dict[str, tuple] = {}  # objects this Store wrote or read back whole: their stat_entry
 
@@ -251,18 +250,21 @@ class Store:
                     pass
 
     # ---- the folder, through descriptors
-    def _folder(self) -> int:
+    def _folder(self, *, create: bool = True) -> int | None:
         """A descriptor of the state folder, opened once, never through a symlink at its own
-        name, and only if this user owns it and no one else may write it: every write of the
-        Store is made relative to it, so a `.fixpack` swapped for a symlink (by whoever owns the
-        folder it sits in) during the run does not redirect a single write (docs/security.md)."""
+        name, and only if this user owns it and no one else may write it: every read and write
+        of the Store is made relative to it, so a `.fixpack` swapped for a symlink (by whoever owns
+        the folder it sits in) during the run does not redirect a single one (docs/security.md).
+        Without ``create`` a missing folder is None (nothing to read), and one that root owns is
+        accepted too (a run as another user reads what root applied; writing there fails)."""
         if self._dir_fd is None:
             try:
-                self.dir.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.mkdir(self.dir, 0o755)
-                except FileExistsError:
-                    pass
+                if create:
+                    self.dir.parent.mkdir(parents=True, exist_ok=True)
+                    try:
+                        os.mkdir(self.dir, 0o755)
+                    except FileExistsError:
+                        pass
                 fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -270,17 +272,32 @@ class Store:
                         f"{self.dir}: the state folder is {'a symlink' if os.path.islink(self.dir) else 'not a folder'}; "
                         "fixpack keeps its state and backups only in a real folder of its own; nothing was changed"
                     ) from None
-                raise fs_error(exc, f"cannot create the state folder {self.dir}") from exc
+                if not create and exc.errno == errno.ENOENT:
+                    return None
+                raise fs_error(exc, f"cannot {'create' if create else 'open'} the state folder {self.dir}") from exc
             st = os.fstat(fd)
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            owners = (os.geteuid(),) if create else (os.geteuid(), 0)
+            if st.st_uid not in owners or st.st_mode & 0o022:
                 os.close(fd)
                 raise EnvironmentFault(
-                    f"{self.dir}: the state folder is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o7777)}; fixpack writes "
-                    f"its state and backups only into a folder owned by the user it runs as (uid {os.geteuid()}) that no one else "
-                    "may write (chown it and chmod go-w, or remove it); nothing was changed"
+                    f"{self.dir}: the state folder is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o7777)}; fixpack "
+                    f"{'writes' if create else 'reads'} its state and backups only in a folder owned by the user it runs as "
+                    f"(uid {os.geteuid()}{'' if create else ') or root (uid 0'}) that no one else may write (chown it and "
+                    "chmod go-w, or remove it); nothing was changed"
                 )
-            self._dir_fd = fd
+            self._dir_fd, self._dir_owner = fd, st.st_uid
+        elif create and self._dir_owner != os.geteuid():
+            raise EnvironmentFault(
+                f"{self.dir}: the state folder is owned by uid {self._dir_owner}; fixpack writes its state and backups only "
+                f"into a folder owned by the user it runs as (uid {os.geteuid()}); nothing was changed"
+            )
         return self._dir_fd
+
+    def _dir(self) -> int:
+        """The state folder for a write (made if missing)."""
+        fd = self._folder()
+        assert fd is not None
+        return fd
 
     def _subfolder(self, dir_fd: int, name: str, path: Path) -> int:
         """``name`` in ``dir_fd``, made if missing, opened without following a symlink."""
@@ -298,7 +315,7 @@ class Store:
     def check_folder(self) -> None:
         """The state folder's path still leads to the folder this Store opened: refused (exit 6)
         if it was swapped (for a symlink, another folder) since."""
-        fd = self._folder()
+        fd = self._dir()
         try:
             st = os.stat(self.dir, follow_symlinks=False)
         except OSError:
@@ -312,12 +329,10 @@ class Store:
         descriptor (a symlink planted at ``staging`` or at the fix's name is never followed) and
         checked to be reachable by its path, which is what the fix's process is confined to."""
         path = self.dir / "staging" / name
-        sfd = self._subfolder(self._folder(), "staging", self.dir / "staging")
+        sfd = self._subfolder(self._dir(), "staging", self.dir / "staging")
         try:
-            from fixpack.apply.dirfd import remove_tree_at
-
             try:
-                remove_tree_at(sfd, name)  # left by a killed run
+                dirfd.remove_tree_at(sfd, name, path=str(path))  # left by a killed run
             except FileNotFoundError:
                 pass
             os.mkdir(name, 0o700, dir_fd=sfd)
@@ -328,10 +343,69 @@ class Store:
         self.check_folder()
         return path
 
+    def open_stage(self, name: str) -> int:
+        """A descriptor of the staging folder ``name``, through the state folder's (no symlink
+        followed at ``staging`` or at ``name``): what the driver writes a fix's inputs into and
+        reads its outputs from. The caller closes it. Raises EnvironmentFault when it is not a
+        real folder any more (the fix's process may have replaced it, where no kernel sealed it)."""
+        path = self.dir / "staging" / name
+        sfd = self._subfolder(self._dir(), "staging", self.dir / "staging")
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=sfd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                raise EnvironmentFault(f"{path}: the staging folder is {'gone' if exc.errno == errno.ENOENT else 'no longer a folder'}; nothing was read from it") from None
+            raise fs_error(exc, f"cannot open {path}") from exc
+        finally:
+            os.close(sfd)
+
+    def drop_stage(self, name: str) -> None:
+        """Remove the staging folder ``name``, whatever its process left in it, at any depth
+        (`dirfd.remove_tree_at`, iterative). Past the removal's bound it raises `BoundExceeded`
+        (exit 6) naming the folder, and the next run's `stage` goes on removing it."""
+        path = self.dir / "staging" / name
+        try:
+            sfd = os.open("staging", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir())
+        except OSError:
+            return  # no staging folder (or not a folder: `stage` refuses it by name)
+        try:
+            dirfd.remove_tree_at(sfd, name, path=str(path))
+        except FileNotFoundError:
+            pass
+        except dirfd.BoundExceeded:
+            raise
+        except OSError as exc:
+            raise fs_error(exc, f"cannot remove the staging folder {path}") from exc
+        finally:
+            os.close(sfd)
+
     # ---- objects
     def ensure(self) -> None:
         if self._objects_fd is None:
-            self._objects_fd = self._subfolder(self._folder(), "objects", self.objects)
+            self._objects_fd = self._subfolder(self._dir(), "objects", self.objects)
+
+    def _read_object(self, h: str) -> bytes | None:
+        """The bytes stored under ``h`` (None: none there), read through the objects folder's
+        descriptor; a FIFO, a device, a folder or a symlink there, or an object over the read
+        bound, raises `dirfd.NotRegular`."""
+        self.ensure()
+        assert self._objects_fd is not None
+        try:
+            sub = os.open(h[:2], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._objects_fd)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise dirfd.NotRegular(str(self.objects / h[:2]), "not a folder (a symlink?); not read through") from None
+            raise fs_error(exc, f"cannot open {self.objects / h[:2]}") from exc
+        try:
+            return dirfd.read_at(sub, h[2:], limit=dirfd.READ_BOUND, path=str(self.objects / h[:2] / h[2:]))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise fs_error(exc, f"cannot read {self.objects / h[:2] / h[2:]}") from exc
+        finally:
+            os.close(sub)
 
     def put(self, data: bytes) -> str:
         """Store ``data`` (once: an object already there with these bytes is kept); its sha256."""
@@ -342,8 +416,11 @@ class Store:
         known = self._stored.get(h)
         if known is not None and _lstat_entry(path) == known:
             return h
-        if not (path.is_file() and sha256_bytes(path.read_bytes()) == h):
-            self.ensure()
+        try:
+            there = self._read_object(h)
+        except dirfd.NotRegular:
+            there = None  # a FIFO, a device or an oversized file planted there: replaced below
+        if there is None or sha256_bytes(there) != h:
             assert self._objects_fd is not None
             sub = self._subfolder(self._objects_fd, h[:2], path.parent)
             try:
@@ -358,33 +435,58 @@ class Store:
     def get(self, h: str) -> bytes:
         path = self.objects / h[:2] / h[2:]
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise Drift(f"backup {h[:12]} is missing from {self.objects}; cannot restore those exact bytes") from None
+            data = self._read_object(h)
+        except dirfd.NotRegular as exc:
+            raise Drift(f"backup {exc.path} is {exc.what}; cannot restore those exact bytes from it") from None
+        if data is None:
+            raise Drift(f"backup {h[:12]} is missing from {self.objects}; cannot restore those exact bytes")
         if sha256_bytes(data) != h:
             raise Drift(f"backup {path} is corrupt (its content does not hash to its name)")
         return data
 
     def has(self, h: str) -> bool:
-        return (self.objects / h[:2] / h[2:]).is_file()
+        try:
+            return self._read_object(h) is not None
+        except dirfd.NotRegular:
+            return False
 
     # ---- state record and journal
-    def _read_json(self, path: Path) -> dict | Unreadable | None:
+    def _read_json(self, name: str, path: Path) -> dict | Unreadable | None:
+        """``name`` in the state folder as a JSON object: read through the folder's descriptor,
+        after its owner and mode are checked (`_folder`), never through a symlink, never from a
+        FIFO or device, and at most `dirfd.STATE_BOUND` bytes. None when it is not there."""
+        fd = self._folder(create=False)
+        if fd is None:
+            return None
         try:
-            raw = path.read_bytes()
+            raw = dirfd.read_at(fd, name, limit=dirfd.STATE_BOUND, path=str(path))
         except FileNotFoundError:
             return None
+        except dirfd.NotRegular as exc:
+            return Unreadable(str(exc))
         except OSError as exc:
             raise fs_error(exc, f"cannot read {path}") from exc
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than the parser's stack
             return Unreadable(f"{path} is not JSON")
         return data if isinstance(data, dict) else Unreadable(f"{path} does not hold a JSON object")
 
+    def has_journal(self) -> bool:
+        """Whether the state folder holds a journal entry (of any kind: a journal that is not a
+        regular file is reported as unreadable when it is read)."""
+        fd = self._folder(create=False)
+        if fd is None:
+            return False
+        try:
+            os.stat("journal.json", dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
     def read_state(self) -> StateRecord | Unreadable | None:
         """The state record; None when there is none, `Unreadable` when it is not one."""
-        data = self._read_json(self.state_path)
+        data = self._read_json("state.json", self.state_path)
         if data is None or isinstance(data, Unreadable):
             return data
         if not _steps_ok(data.get("steps", [])):
@@ -393,11 +495,11 @@ class Store:
 
     def write_state(self, state: StateRecord) -> None:
         data = dict(state.to_json(), format=STATE_FORMAT, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        atomic_write_at(self._folder(), "state.json", json.dumps(data, indent=1, sort_keys=True).encode() + b"\n", path=self.state_path, label="state.json")
+        atomic_write_at(self._dir(), "state.json", json.dumps(data, indent=1, sort_keys=True).encode() + b"\n", path=self.state_path, label="state.json")
 
     def read_journal(self) -> Journal | Unreadable | None:
         """The journal of a commit in progress; only a complete one is used."""
-        data = self._read_json(self.journal_path)
+        data = self._read_json("journal.json", self.journal_path)
         if data is None or isinstance(data, Unreadable):
             return data
         ok = (
@@ -410,11 +512,11 @@ class Store:
         return Journal.from_json(data) if ok else Unreadable(f"{self.journal_path} is incomplete")
 
     def write_journal(self, journal: Journal) -> None:
-        atomic_write_at(self._folder(), "journal.json", json.dumps(journal.to_json(), indent=1).encode(), path=self.journal_path, label="journal.json")
+        atomic_write_at(self._dir(), "journal.json", json.dumps(journal.to_json(), indent=1).encode(), path=self.journal_path, label="journal.json")
 
     def clear_journal(self) -> None:
         try:
-            os.unlink("journal.json", dir_fd=self._folder())
+            os.unlink("journal.json", dir_fd=self._dir())
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -427,9 +529,23 @@ class Store:
 
         self.ensure()
         try:
-            fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self._folder())
+            # private: a lock another user could open could be held by them (flock needs only a
+            # read descriptor), and no run would start
+            fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=self._dir())
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                what = "a symlink" if exc.errno == errno.ELOOP else "a folder"
+                raise EnvironmentFault(f"{self.lock_path}: the lock is {what}; remove it; nothing was written through it") from None
             raise fs_error(exc, f"cannot open the lock {self.lock_path}") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise EnvironmentFault(
+                f"{self.lock_path}: the lock is {dirfd.kind_of(st.st_mode)} owned by uid {st.st_uid}, not a regular file of uid "
+                f"{os.geteuid()}; remove it; nothing was changed"
+            )
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)  # a lock made by an earlier version (0644)
         deadline = time.monotonic() + timeout
         while True:
             try:

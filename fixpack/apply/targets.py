@@ -40,10 +40,14 @@ def default_state_dir(found: dict[str, Path], root: Path | None) -> Path:
 
 
 def _read(path: Path, limit: int = 65536) -> str | None:
+    """A hint file of an installed package (its version file, metadata, a checkout's HEAD), in
+    folders its owner may shape: never through a symlink at its name, never from a FIFO or a
+    device, and None when it is over ``limit`` bytes (fixpack.apply.dirfd.read_path)."""
+    from fixpack.apply import dirfd
+
     try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
-    except OSError:
+        return dirfd.read_path(str(path), limit=limit).decode("utf-8", "replace")
+    except (OSError, dirfd.NotRegular):
         return None
 
 

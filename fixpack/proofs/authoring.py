@@ -329,7 +329,7 @@ def check_rewrite(pack: Pack, profile: Profile, place: Place, ws: Workspace, mod
     fix = place.fix
     engine = _engine(pack, profile, place, ws.base, ws.dir / "state-check")
     try:
-        out = engine.run_worker(fix, {rel: ws.base / rel for rel in fix.target_rels})
+        out = engine.run_worker(fix, {rel: (ws.base / rel).read_bytes() for rel in fix.target_rels})
     finally:
         engine.close()
         shutil.rmtree(ws.dir / "state-check", ignore_errors=True)

@@ -69,7 +69,7 @@ class TestServer:
     def __init__(self):
         from fixpack.sandbox import forkserver
 
-        self.server = forkserver.ForkServer(forkserver.server_env(), cwd=PKG_PARENT, preload=forkserver.TESTS)
+        self.server = forkserver.ForkServer(forkserver.server_env(), preload=forkserver.TESTS)
 
     def run(self, args: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int | None, str]:
         """pytest's exit code (None: killed at ``timeout``) and its output."""

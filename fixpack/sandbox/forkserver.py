@@ -291,11 +291,9 @@ class ServerDied(RuntimeError):
 
 
 def server_env() -> dict:
-    """The servers' environment: this fixpack first on the path, no bytecode written."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    """The servers' environment: the driver's (a fix's process reads nothing of it that matters;
+    its interpreter is started with ``-I``, so no PYTHON* variable reaches Python itself)."""
+    return dict(os.environ)
 
 
 # Servers started before the driver has built its engine (``prestart``), waiting for the run's
@@ -305,13 +303,12 @@ _early: dict[str, ForkServer] = {}
 
 
 def prestart(preloads: list[str]) -> None:
-    """Start a server per preload ("" plain, "codemod") now; a failure is left for `run` to report.
-    Their working folder is the one fixpack is imported from (``-m`` puts it first on the path:
-    never the caller's, which may hold packages of its own), until the run's state folder is known."""
+    """Start a server per preload ("" plain, "codemod") now; a failure to start is left for `run`
+    to report, a path another user can write is refused now (exit 6)."""
     env = server_env()
     for preload in preloads:
         if preload not in _early:
-            server = ForkServer(env, cwd=env["PYTHONPATH"].split(os.pathsep)[0], preload=preload)
+            server = ForkServer(env, preload=preload)
             try:
                 server.start()
             except OSError:
@@ -333,20 +330,26 @@ def close_early() -> None:
 class ForkServer:
     """The driver's side: start the server on first use, send jobs, stop it at the end."""
 
-    def __init__(self, env: dict, cwd: str, preload: str = ""):
-        self.env = env
-        self.cwd = cwd
+    def __init__(self, env: dict | None = None, preload: str = ""):
+        self.env = server_env() if env is None else env
         self.preload = preload  # "codemod": import libcst at start, not at the first codemod job
         self.proc: subprocess.Popen | None = None
         self.jobs = 0  # sent to the current process
 
     def start(self) -> None:
-        """Start the server (it imports the fix machinery while the driver unwinds)."""
+        """Start the server (it imports the fix machinery while the driver unwinds): an isolated
+        interpreter (fixpack.sandbox.interpreter: ``-I -S``, its path explicit and checked, in
+        ``/``), so that nothing another user could write runs in it or in a fix's process."""
         if self.proc is None or self.proc.poll() is not None:
+            from fixpack.sandbox import interpreter
+
+            path = interpreter.server_path()
+            interpreter.refuse_untrusted(sys.path, "the driver's")
+            interpreter.refuse_untrusted(path, "the fix process server's")
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fixpack.sandbox.forkserver", *([self.preload] if self.preload else [])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=self.cwd,
-            )
+                interpreter.command("fixpack.sandbox.forkserver", path, [self.preload] if self.preload else []),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=interpreter.SAFE_CWD,
+            )  # fmt: skip
             self.jobs = 0
 
     def run(self, job: dict, timeout: float) -> dict:
@@ -403,10 +406,15 @@ class ForkServer:
                 stream.close()
 
 
-if __name__ == "__main__":
-    code = serve(*sys.argv[1:2])
+def main(argv: list[str]) -> int:
+    """The server's entry point (fixpack.sandbox.interpreter.command starts it)."""
+    code = serve(*argv[:1])
     # The driver waits for this exit: skip the interpreter's teardown of every module imported
     # (libcst's take a tenth of a second); nothing is left to close but the flushed streams.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -13,13 +13,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from fixpack import kinds
+from fixpack.apply import dirfd
 from fixpack.apply.store import Store, fs_error
-from fixpack.cli.output import Lines
+from fixpack.cli.output import Lines, printable
 from fixpack.errors import ConfigError, EnvironmentFault, FixFailed
 from fixpack.pack.pack import Fix
 from fixpack.sandbox import forkserver
@@ -45,7 +45,7 @@ class Runner:
         store: Store | None = None,
     ):
         self.roots = roots  # the package folders the fixes' targets are in
-        self.store = store  # the state folder, opened once: the stages are made through it
+        self.store = store or Store(state_dir)  # the state folder, opened once: the stages are made through it
         self.state_dir = state_dir
         self.report = report
         self.timeout = timeout
@@ -69,9 +69,7 @@ class Runner:
         preload = kinds.kind(kind).server
         if preload not in self._forkservers:
             early = forkserver.adopt(preload)  # started by the command before the engine was built
-            self._forkservers[preload] = early or ForkServer(
-                forkserver.server_env(), cwd=str(self.state_dir), preload=preload
-            )
+            self._forkservers[preload] = early or ForkServer(forkserver.server_env(), preload=preload)
         return self._forkservers[preload]
 
     def start(self, kind_names: set[str]) -> None:
@@ -94,38 +92,42 @@ class Runner:
     def run(
         self,
         fix: Fix,
-        inputs: dict[str, Path],
+        inputs: dict[str, bytes],
         pins: dict | None = None,
         hashes: dict | None = None,
         *,
         timeout: float | None = None,
         known: dict | None = None,
     ) -> dict[str, bytes]:
-        """The new bytes of each of ``fix``'s targets, read from ``inputs``; ``pins`` (rel ->
-        [before, after]) let the worker skip compiling an output equal to its pin; ``timeout``
-        (seconds) replaces the runner's own for this fix; ``known``: the lock's record of where
-        the fix's definitions sit in its pinned texts (fixpack.kinds.edit.locate)."""
+        """The new bytes of each of ``fix``'s targets from ``inputs`` (rel -> the bytes the driver
+        read and hashed: handed on as they are, never read again); ``pins`` (rel -> [before,
+        after]) let the worker skip compiling an output equal to its pin; ``timeout`` (seconds)
+        replaces the runner's own for this fix; ``known``: the lock's record of where the fix's
+        definitions sit in its pinned texts (fixpack.kinds.edit.locate)."""
         timeout = self.timeout if timeout is None else timeout
-        if self.store is not None:
-            stage = self.store.stage(fix.id)  # through the state folder's descriptor (fixpack.apply.store)
-        else:
-            stage = self.state_dir / "staging" / fix.id
-            shutil.rmtree(stage, ignore_errors=True)
-            try:
-                stage.mkdir(parents=True)
-            except OSError as exc:
-                raise fs_error(exc, f"cannot create {stage}") from exc
+        stage = self.store.stage(fix.id)  # through the state folder's descriptor (fixpack.apply.store)
+        try:
+            return self._run_in(fix, stage, inputs, pins, timeout, known)
+        finally:
+            # whatever its process left there, at any depth (fixpack.apply.dirfd.remove_tree_at)
+            self.store.drop_stage(fix.id)
+
+    def _run_in(
+        self, fix: Fix, stage: Path, inputs: dict[str, bytes], pins: dict | None, timeout: float, known: dict | None
+    ) -> dict[str, bytes]:
         # The fix's process holds no capability (fixpack.sandbox.privilege): a target it could not read
-        # itself (another owner's, mode 0600) is read here and handed over as a copy in its stage.
-        staged_in: dict[str, str] = {}
-        for i, (rel, src) in enumerate(inputs.items()):
-            copy = stage / f"{i}.in"
-            try:
-                copy.write_bytes(Path(src).read_bytes())
-            except OSError as exc:
-                shutil.rmtree(stage, ignore_errors=True)
-                raise fs_error(exc, f"{fix.id}: cannot hand {src} to its process through {copy}") from exc
-            staged_in[rel] = str(copy)
+        # itself (another owner's, mode 0600) is read by the driver and handed over as a copy in its stage.
+        sfd = self.store.open_stage(fix.id)
+        try:
+            for i, data in enumerate(inputs.values()):
+                try:
+                    dirfd.create_at(sfd, f"{i}.in", data)
+                except OSError as exc:
+                    raise fs_error(
+                        exc, f"{fix.id}: cannot hand its input to its process through {stage / f'{i}.in'}"
+                    ) from exc
+        finally:
+            os.close(sfd)
         job: dict[str, Any] = {
             "fix_dir": str(fix.change_dir),  # the folder of this release's change file
             "kind": fix.kind,
@@ -134,7 +136,8 @@ class Runner:
             "sandbox": self.sandbox,
             "limits": self.limits,
             "targets": [
-                {"rel": rel, "src": staged_in[rel], "out": str(stage / f"{i}.out")} for i, rel in enumerate(inputs)
+                {"rel": rel, "src": str(stage / f"{i}.in"), "out": str(stage / f"{i}.out")}
+                for i, rel in enumerate(inputs)
             ],
             # An output equal to its pin was compiled when the pin was recorded; the worker need not compile it again.
             "expect": {rel: pins[rel][1] for rel in inputs} if pins else {},
@@ -146,23 +149,20 @@ class Runner:
         try:
             proc = self._server(fix.kind).run(job, timeout)
         except ServerDied as exc:
-            self._check_outside(fix, watch, stage)
-            shutil.rmtree(stage, ignore_errors=True)
-            raise FixFailed(f"{fix.id}: {exc}; nothing was written") from None
-        if self.store is not None:
-            # the stage's path led into the state folder when the process was confined to it; if
-            # the folder was swapped since, its outputs are not read from wherever it leads now
-            self.store.check_folder()
+            self._check_outside(fix, watch)
+            raise FixFailed(f"{fix.id}: {printable(str(exc))}; nothing was written") from None
+        # the stage's path led into the state folder when the process was confined to it; if
+        # the folder was swapped since, its outputs are not read from wherever it leads now
+        self.store.check_folder()
         got = self.protection_of(proc)
         if sealed(got):
             # The kernel kept this process from changing anything outside its stage; the trees
             # are compared once, at the end of the run, not after every such fix.
             self._unchecked.append(fix.id)
         else:
-            self._check_outside(fix, watch, stage)
+            self._check_outside(fix, watch)
         self._note_protection(got)
         if proc["timed_out"]:
-            shutil.rmtree(stage, ignore_errors=True)
             raise FixFailed(
                 f"{fix.id}: its process did not finish within {timeout:.0f} s; nothing was written"
             ) from None
@@ -171,13 +171,17 @@ class Runner:
             result = json.loads(lines[-1]) if lines else {}
         except ValueError:
             result = {}
+        if not isinstance(result, dict):
+            result = {}
         used = proc.get("usage") or {}
         if used.get("killed"):
             self.report.say(
                 f"warning: fix {fix.id} left {used['killed']} process(es) running after its own ended; they were killed before the tree was compared"
             )
         if proc["rc"] != 0 or "outputs" not in result:
-            err = result.get("error") or (proc["stderr"].strip().splitlines() or ["crashed with no output"])[-1]
+            # split at newlines only: a carriage return or another break of its stays, escaped
+            said = proc["stderr"].strip().split("\n") if proc["stderr"].strip() else []
+            err = _fix_text(str(result.get("error") or (said or ["crashed with no output"])[-1]))
             over = rlimits.exceeded(
                 self.limits,
                 error=str(result.get("error") or ""),
@@ -186,27 +190,42 @@ class Runner:
                 cpu_s=float(used.get("cpu_s") or 0),
             )
             if over:
-                shutil.rmtree(stage, ignore_errors=True)
                 raise FixFailed(f"fix {fix.id} exceeded the {over}: {err}; nothing was written")
             if result.get("errno") in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-                shutil.rmtree(stage, ignore_errors=True)
                 raise fs_error(OSError(result["errno"], err), f"{fix.id}: cannot write its output in {stage}")
-            tail = "\n".join(proc["stderr"].strip().splitlines()[-8:])
-            shutil.rmtree(stage, ignore_errors=True)
+            last = said[-8:]
+            tail = printable("\n".join(last), lines=True) if last else ""
             raise FixFailed(
                 f"{fix.id}: {err}"
-                + (f"\n--- its output:\n{tail}" if tail and tail not in err else "")
+                + (f"\n--- its output:\n{tail}" if last and _fix_text(last[-1]) != err else "")
                 + "\nnothing was written"
             )
-        produced = {p.name for p in stage.iterdir()}
         expected = {Path(t["out"]).name for t in job["targets"]} | {Path(t["src"]).name for t in job["targets"]}
-        if produced - expected:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise FixFailed(
-                f"{fix.id}: wrote files it did not declare ({', '.join(sorted(produced - expected))}); nothing was written"
-            )
-        out = {t["rel"]: Path(t["out"]).read_bytes() for t in job["targets"]}
-        shutil.rmtree(stage, ignore_errors=True)
+        out: dict[str, bytes] = {}
+        sfd = self.store.open_stage(fix.id)
+        try:
+            extra = _undeclared(sfd, expected)
+            if extra:
+                raise FixFailed(f"{fix.id}: wrote files it did not declare ({extra}); nothing was written")
+            for t in job["targets"]:
+                # through the stage's descriptor, no symlink followed, never blocking, bounded
+                # (fixpack.apply.dirfd.read_at): a symlink to a FIFO or to /dev/zero, a folder or
+                # a huge file in its place is the fix's failure, named
+                name = Path(t["out"]).name
+                try:
+                    out[t["rel"]] = dirfd.read_at(sfd, name, limit=dirfd.READ_BOUND, path=t["out"])
+                except FileNotFoundError:
+                    raise FixFailed(
+                        f"{fix.id}: its process did not write {t['out']} ({t['rel']}); nothing was written"
+                    ) from None
+                except dirfd.NotRegular as exc:
+                    raise FixFailed(
+                        f"{fix.id}: its output for {t['rel']}, {printable(str(exc))}; nothing was written"
+                    ) from None
+                except OSError as exc:
+                    raise fs_error(exc, f"{fix.id}: cannot read its output {t['out']}") from exc
+        finally:
+            os.close(sfd)
         self._note_located(fix, result.get("located"))
         return out
 
@@ -287,7 +306,7 @@ class Runner:
         swapped = "".join(c.line() + "\n" for c in changed if c.replaced)
         raise EnvironmentFault(
             swapped
-            + f"{changed[0].path} changed outside the fixes' targets while this run applied {', '.join(ran)}"
+            + f"{printable(changed[0].path)} changed outside the fixes' targets while this run applied {', '.join(ran)}"
             + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
             + ":\n"
             + "\n".join(lines)
@@ -296,13 +315,19 @@ class Runner:
             "run `fixpack verify`, and find what else writes to these packages"
         )
 
-    def _check_outside(self, fix: Fix, watch: TreeWatch, stage: Path) -> None:
+    def _check_outside(self, fix: Fix, watch: TreeWatch) -> None:
         """A fix's process may have changed nothing but its staging folder. Anything else is put
         back where the driver can, and the fix fails naming every change."""
-        changed = watch.changes()
+        try:
+            changed = watch.changes()
+        except dirfd.BoundExceeded as exc:
+            # more entries than a scan takes: what changed is not known, so nothing is put back
+            raise FixFailed(
+                f"fix {fix.id}: after its process ended (not sealed by the kernel: it, or another process, may have "
+                f"made it so), {exc}. Nothing of this fix was written; reinstall the package, then run `fixpack verify`"
+            ) from None
         if not changed:
             return
-        shutil.rmtree(stage, ignore_errors=True)
         watch.restore(changed)
         watch.take()
         lines = [f"  {c.line()}" for c in changed]
@@ -317,7 +342,7 @@ class Runner:
                 + "\n".join(lines)
                 + "\nnothing of this fix was written. Find what replaced the folder, restore the package (reinstall it), then run `fixpack verify`"
             )
-        first = changed[0].path
+        first = printable(changed[0].path)
         left = [c.path for c in changed if not c.restored]
         raise FixFailed(
             f"fix {fix.id} changed {first} outside its targets"
@@ -328,7 +353,7 @@ class Runner:
                 "\nnothing of this fix was written; every change it made was undone"
                 if not left
                 else f"\nnothing of this fix was written, but {len(left)} change(s) could not be undone: reinstall the package that holds "
-                f"{left[0]} (or restore it from the release), then run `fixpack verify`"
+                f"{printable(left[0])} (or restore it from the release), then run `fixpack verify`"
             )
         )
 
@@ -348,3 +373,29 @@ def protection_text(p: dict) -> str:
         why = f"; no seccomp filter: {p['seccomp_reason']}" if p.get("seccomp_reason") else ""
         return f"landlock ABI {p.get('abi')} + audit hook + snapshot per fix{why}{extra}"
     return f"audit hook + snapshot (no Landlock: {p.get('reason', 'unknown')}){extra}"
+
+
+def _fix_text(text: str) -> str:
+    """A fix's error for a message: its first line escaped in place, any further lines as an
+    indented block (fixpack.cli.output.printable)."""
+    first, _, rest = text.partition("\n")
+    return printable(first) + ("\n" + printable(rest, lines=True) if rest else "")
+
+
+UNDECLARED_SHOWN = 10  # names of undeclared entries a message lists; the rest are counted
+
+
+def _undeclared(stage_fd: int, expected: set[str]) -> str:
+    """The entries of the stage other than ``expected``, for a message (the first few, escaped,
+    and how many more): the listing is streamed, never held whole."""
+    names: list[str] = []
+    more = 0
+    with os.scandir(stage_fd) as it:
+        for entry in it:
+            if entry.name in expected:
+                continue
+            if len(names) < UNDECLARED_SHOWN:
+                names.append(printable(entry.name))
+            else:
+                more += 1
+    return ", ".join(sorted(names)) + (f" and {more} more" if more else "")

@@ -18,7 +18,9 @@ process's uid may do without any, such as ``prlimit`` on another root process):
   kexec_file_load, init_module/finit_module/delete_module, reboot, mount, umount2, pivot_root,
   the new mount calls (open_tree ... mount_setattr), swapon/swapoff, bpf, perf_event_open,
   userfaultfd, keyctl/add_key/request_key, unshare, setns, open_by_handle_at, acct, the clock
-  and host name calls, quotactl, syslog; x86_64's fork, vfork, iopl, ioperm.
+  and host name calls, quotactl, syslog, io_uring_setup/enter/register (a ring's requests are
+  system calls this filter never sees: refused in every mode, Landlock or not); x86_64's fork,
+  vfork, iopl, ioperm.
 * by argument: prlimit64, sched_setparam, sched_setscheduler, sched_setaffinity and
   sched_setattr only on pid 0 (this process); setpriority only (PRIO_PROCESS, 0) and
   ioprio_set only (IOPRIO_WHO_PROCESS, 0); clone only with CLONE_THREAD (a thread, not a
@@ -52,12 +54,12 @@ _X86_64 = {
     "chmod": 90, "fchmod": 91, "chown": 92, "fchown": 93, "lchown": 94, "utime": 132, "utimes": 235,
     "fchownat": 260, "futimesat": 261, "fchmodat": 268, "utimensat": 280, "fchmodat2": 452,
     "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
-    "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466, "io_uring_setup": 425,
+    "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466,
 }
 _AARCH64 = {
     "fchmod": 52, "fchmodat": 53, "fchownat": 54, "fchown": 55, "utimensat": 88, "fchmodat2": 452,
     "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
-    "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466, "io_uring_setup": 425,
+    "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466,
 }
 # The privileged or cross-process calls refused whole, per architecture.
 _X86_64_PRIV = {
@@ -70,7 +72,7 @@ _X86_64_PRIV = {
     "unshare": 272, "setns": 308, "open_by_handle_at": 304, "acct": 163, "settimeofday": 164,
     "clock_settime": 227, "adjtimex": 159, "clock_adjtime": 305, "sethostname": 170,
     "setdomainname": 171, "quotactl": 179, "syslog": 103, "fork": 57, "vfork": 58, "iopl": 172,
-    "ioperm": 173,
+    "ioperm": 173, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
 }
 _AARCH64_PRIV = {
     "mknodat": 33, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
@@ -81,7 +83,8 @@ _AARCH64_PRIV = {
     "perf_event_open": 241, "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218,
     "unshare": 97, "setns": 268, "open_by_handle_at": 265, "acct": 89, "settimeofday": 170,
     "clock_settime": 112, "adjtimex": 171, "clock_adjtime": 266, "sethostname": 161,
-    "setdomainname": 162, "quotactl": 60, "syslog": 116,
+    "setdomainname": 162, "quotactl": 60, "syslog": 116, "io_uring_setup": 425, "io_uring_enter": 426,
+    "io_uring_register": 427,
 }
 # The calls allowed only for some arguments: name -> number, per architecture.
 _X86_64_ARGS = {"prlimit64": 302, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,

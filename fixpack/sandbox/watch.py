@@ -22,56 +22,106 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fixpack.apply import dirfd
-from fixpack.apply.dirfd import ParentReplaced
+from fixpack.apply.dirfd import BoundExceeded, ParentReplaced
 from fixpack.apply.store import stat_entry
+from fixpack.cli.output import printable
 
 KEEP_BYTES_UP_TO = 8 << 20  # every .py file; a large binary is named for reinstalling instead
 
 Entry = tuple  # (dev, ino, size, mtime_ns, ctime_ns, mode, uid, gid)
 
 
-def scan(roots: list[Path], skip: set[str]) -> dict[str, Entry]:
+# Bounds of one scan: deeper or larger trees are shaped to exhaust the driver (its stack, its
+# memory, its time), not installed. vLLM's deepest path is 8 levels, torch's 11; vLLM has
+# about 3,000 entries, torch 12,000.
+WALK_DEPTH = 64
+WALK_ENTRIES = 500_000
+# Past this size a file's bytes are neither kept nor hashed: its (inode, size, times) decide.
+DIGEST_UP_TO = 1 << 30
+
+
+def scan(roots: list[Path], skip: set[str], deep: list[str] | None = None) -> dict[str, Entry]:
+    """(device, inode, size, times, mode, owner) of every entry under ``roots``, ``skip`` aside.
+
+    Iterative, never following a symlink. A folder ``WALK_DEPTH`` levels below its root is
+    recorded but not entered: its path goes into ``deep`` (the caller decides; without
+    ``deep``, `BoundExceeded`). More than ``WALK_ENTRIES`` entries in all is `BoundExceeded`."""
     out: dict[str, Entry] = {}
-
-    def walk(d: str) -> None:
-        try:
-            it = os.scandir(d)
-        except OSError:
-            return
-        with it:
-            for e in it:
-                if e.path in skip:
-                    continue
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                out[e.path] = stat_entry(st)
-                if stat.S_ISDIR(st.st_mode):
-                    walk(e.path)
-
     for r in roots:
         try:
             out[str(r)] = stat_entry(os.lstat(r))
         except OSError:
             continue
-        walk(str(r))
+        stack = [(str(r), 0)]
+        while stack:
+            d, depth = stack.pop()
+            try:
+                it = os.scandir(d)
+            except OSError as exc:
+                if exc.errno == errno.ENAMETOOLONG:  # only a chain made to be deep reaches it
+                    _too_deep(d, str(r), deep)
+                continue
+            with it:
+                for e in it:
+                    if e.path in skip:
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    out[e.path] = stat_entry(st)
+                    if len(out) > WALK_ENTRIES:
+                        raise BoundExceeded(
+                            str(r), f"more than {WALK_ENTRIES} entries under it (with {', '.join(map(str, roots))}); fixpack walks no "
+                            "further: a tree shaped to exhaust the driver, not an installed package"
+                        )
+                    if stat.S_ISDIR(st.st_mode):
+                        if depth + 1 >= WALK_DEPTH:
+                            _too_deep(e.path, str(r), deep)
+                        else:
+                            stack.append((e.path, depth + 1))
     return out
 
 
-def _read_entry(path: str, e: Entry) -> bytes | None:
-    """The bytes of the file the snapshot saw at ``path``: not through a symlink put there since,
-    and only if it is the same inode (a folder on the way swapped for a symlink would otherwise
-    have the driver keep, and later put back here, the bytes of a file outside the tree)."""
+def _too_deep(path: str, root: str, deep: list[str] | None) -> None:
+    if deep is None:
+        raise BoundExceeded(
+            printable(path), f"folders nested deeper than {WALK_DEPTH} levels below {root}; fixpack walks no deeper: a tree "
+            "shaped to exhaust the driver, not an installed package"
+        )
+    deep.append(path)
+
+
+def _read_entry(path: str, e: Entry) -> bytes | str | None:
+    """What the snapshot keeps of the file it saw at ``path``: its bytes up to
+    ``KEEP_BYTES_UP_TO``, else its sha256 up to ``DIGEST_UP_TO``, else None. Not through a
+    symlink put there since, never blocking, and only if it is the same inode and still a
+    regular file (a folder on the way swapped for a symlink would otherwise have the driver
+    keep, and later put back here, the bytes of a file outside the tree)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != e[:2]:
+        if (st.st_dev, st.st_ino) != tuple(e[:2]) or not stat.S_ISREG(st.st_mode) or st.st_size > DIGEST_UP_TO:
             return None
-        return f.read()
+        if st.st_size <= KEEP_BYTES_UP_TO:
+            data = os.read(fd, KEEP_BYTES_UP_TO + 1)
+            return data if len(data) <= KEEP_BYTES_UP_TO else None  # grew meanwhile
+        h = hashlib.sha256()
+        left = DIGEST_UP_TO + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            h.update(chunk)
+            left -= len(chunk)
+        return h.hexdigest() if left > 0 else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -85,10 +135,11 @@ class Change:
     replaced: bool = False
 
     def line(self) -> str:
+        # the name may be one a fix's process chose: escaped (fixpack.cli.output.printable)
         if self.replaced:
-            return f"{self.path}: {self.how}"
+            return f"{printable(self.path)}: {self.how}"
         fields = f" ({self.fields})" if self.fields else ""
-        return f"{self.path}: {self.what}{fields}; {'restored' if self.restored else 'NOT restored'} ({self.how})"
+        return f"{printable(self.path)}: {self.what}{fields}; {'restored' if self.restored else 'NOT restored'} ({printable(self.how)})"
 
 
 _FIELDS = ("device", "inode", "size", "mtime", "ctime", "mode", "uid", "gid")
@@ -116,20 +167,24 @@ class TreeWatch:
     _made: dict[str, tuple] = field(default_factory=dict, repr=False)  # folders a restore made again: (device, inode)
 
     def take(self) -> None:
-        """The snapshot a fix's process is compared with."""
+        """The snapshot a fix's process is compared with. A tree deeper or larger than the walk's
+        bounds is refused (`BoundExceeded`, exit 6): nothing has run yet."""
         old = self.before
-        self.before = scan(self.roots, self.skip)
+        try:
+            self.before = scan(self.roots, self.skip)
+        except BoundExceeded as exc:
+            raise BoundExceeded(exc.path, f"{exc.what}; nothing was changed") from None
         if not self.keep_bytes:
             return
         for path, e in self.before.items():
             if stat.S_ISREG(e[5]) and (path not in self.data and path not in self.digest or old.get(path) != e):
-                data = _read_entry(path, e)
-                if data is None:
-                    continue
-                if e[2] <= KEEP_BYTES_UP_TO:
-                    self.data[path] = data
-                else:
-                    self.digest[path] = hashlib.sha256(data).hexdigest()
+                kept = _read_entry(path, e)
+                self.data.pop(path, None)
+                self.digest.pop(path, None)
+                if isinstance(kept, bytes):
+                    self.data[path] = kept
+                elif isinstance(kept, str):
+                    self.digest[path] = kept
         for path in (set(self.data) | set(self.digest)) - set(self.before):
             self.data.pop(path, None)
             self.digest.pop(path, None)
@@ -148,21 +203,36 @@ class TreeWatch:
             return False
         if not stat.S_ISREG(old[5]) or not self.keep_bytes:
             return True
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError:
-            return False
+        now = _read_entry(path, new)
         if path in self.data:
-            return data == self.data[path]
-        return path in self.digest and hashlib.sha256(data).hexdigest() == self.digest[path]
+            return isinstance(now, bytes) and now == self.data[path]
+        return isinstance(now, str) and now == self.digest.get(path)
 
     def changes(self) -> list[Change]:
         """What differs from the snapshot; the scan made for it is the next fix's snapshot."""
-        now = scan(self.roots, self.skip)
+        deep: list[str] = []
+        now = scan(self.roots, self.skip, deep)
         out = [Change(p, "changed", fields=_differs(e, now[p])) for p, e in self.before.items() if p in now and now[p] != e and not self._same_bytes(p, e, now[p])]
         out += [Change(p, "removed") for p in self.before if p not in now]
-        out += [Change(p, "created") for p in now if p not in self.before]
+        # a created folder is one change, whatever it holds: removing it takes it all (at any
+        # depth, fixpack.apply.dirfd.remove_tree_at), and the message stays one line for it
+        created = {p for p in now if p not in self.before}
+        inside: dict[str, int] = {}
+        for p in created:
+            top = p
+            while os.path.dirname(top) in created:
+                top = os.path.dirname(top)
+            inside[top] = inside.get(top, 0) + (top != p)
+        below = {top: any(d.startswith(top + os.sep) for d in deep) for top in inside}
+        for top, n in inside.items():
+            more = f"{n} entries in it" if n else ""
+            if below[top]:
+                more += f"{', and' if more else ''} folders nested deeper than {WALK_DEPTH} levels"
+            out.append(Change(top, "created", fields=more))
+        # a chain deeper than the walk goes that hangs from no created entry is named, not walked
+        for d in deep:
+            if not any(d == t or d.startswith(t + os.sep) for t in inside):
+                out.append(Change(d, "changed", how=f"holds folders nested deeper than {WALK_DEPTH} levels; not walked", fields="depth"))
         # files first: a folder changes only because an entry in it did
         out.sort(key=lambda c: (stat.S_ISDIR((self.before.get(c.path) or now[c.path])[5]), c.path))
         if not out:
@@ -212,10 +282,14 @@ class TreeWatch:
             kids.setdefault(path.rpartition(os.sep)[0], set()).add(path)
         if self.keep_bytes:
             for f in files:
-                try:
-                    self.data[str(f)] = f.read_bytes()
-                except OSError:
-                    self.data.pop(str(f), None)
+                seen = self.before.get(str(f))
+                kept = _read_entry(str(f), seen) if seen is not None else None
+                self.data.pop(str(f), None)
+                self.digest.pop(str(f), None)
+                if isinstance(kept, bytes):
+                    self.data[str(f)] = kept
+                elif isinstance(kept, str):
+                    self.digest[str(f)] = kept
 
     def restore(self, changes: list[Change]) -> None:
         """Put back what a fix's process changed: created entries go (deepest first), removed
@@ -226,6 +300,8 @@ class TreeWatch:
         others = sorted((c for c in changes if c.what != "created"), key=lambda c: c.path.count(os.sep))
         self._made = {}
         for c in created + others:
+            if c.fields == "depth":  # not walked: nothing known to put back
+                continue
             try:
                 self._restore_one(c)
             except ParentReplaced:
@@ -304,9 +380,10 @@ class TreeWatch:
             cur = None
         same_bytes = cur is not None and stat.S_ISREG(cur.st_mode) and (cur.st_dev, cur.st_ino, cur.st_size) == old[:3] and cur.st_mtime_ns == old[3]
         if p in self.data:
-            if cur is not None and not stat.S_ISREG(cur.st_mode) and not stat.S_ISLNK(cur.st_mode):
-                raise OSError(f"{p} is now not a file")
-            # a symlink put there is replaced as an entry by the rename, never written through
+            if cur is not None and stat.S_ISDIR(cur.st_mode):
+                raise OSError(f"{printable(p)} is now a folder")
+            # a symlink, FIFO, socket or device put there is replaced as an entry by the rename,
+            # never opened nor written through
             dirfd.write_at(pfd, name, self.data[p], uid=old[6], gid=old[7], mode=old[5], mtime_ns=old[3])
             c.restored, c.how = True, "bytes, mode and mtime put back from the copy taken before the fix ran"
         elif not self.keep_bytes and same_bytes:

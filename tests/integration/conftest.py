@@ -12,6 +12,6 @@ from packtests.builders import REPO
 def server(tmp_path):
     """A fork server with this checkout on its path, closed after the test."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
-    s = ForkServer(env, cwd=str(tmp_path))
+    s = ForkServer(env)
     yield s
     s.close()

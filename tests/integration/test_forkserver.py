@@ -199,7 +199,7 @@ def test_a_command_that_stops_before_its_first_fix_leaves_no_server_running(pack
 def test_a_server_that_took_no_job_is_ended_not_waited_for_and_one_that_did_exits_cleanly(server, tmp_path):
     from fixpack.sandbox.forkserver import server_env
 
-    idle = ForkServer(server_env(), cwd=str(tmp_path), preload="codemod")
+    idle = ForkServer(server_env(), preload="codemod")
     idle.start()
     proc = idle.proc
     idle.close()  # still importing libcst: killed, not waited for
@@ -238,7 +238,7 @@ def test_the_codemod_servers_warm_up_leaves_every_attribute_of_dataclasses_as_it
 def test_a_codemods_process_sees_dataclasses_and_inspect_as_the_standard_library_has_them(tmp_path, preload):
     from fixpack.sandbox.forkserver import server_env
 
-    server = ForkServer(server_env(), cwd=str(tmp_path), preload=preload)
+    server = ForkServer(server_env(), preload=preload)
     try:
         probe = (
             "import dataclasses, inspect, types; "

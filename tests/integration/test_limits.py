@@ -4,7 +4,6 @@ starts outliving it."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
@@ -29,7 +28,7 @@ def test_limits_parse_defaults_and_overrides():
             limits.parse(bad)
 
 
-def _run(tmp_path, body: str, env: dict):
+def _run(tmp_path, body: str, env: dict, kernel_without: str | None = None):
     root, tree = L.copy_pack("codemod-first", tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -40,7 +39,14 @@ def _run(tmp_path, body: str, env: dict):
     before = B.tree_digest(tree)
     t0 = time.monotonic()
     r = B.fixpack(
-        "apply", "--profile", "test", "--root", str(tree), pack=root, env={"FIXPACK_TEST_TREE": str(tree), **env}
+        "apply",
+        "--profile",
+        "test",
+        "--root",
+        str(tree),
+        pack=root,
+        env={"FIXPACK_TEST_TREE": str(tree), **env},
+        kernel_without=kernel_without,
     )
     r.seconds = time.monotonic() - t0
     r.unchanged = B.tree_digest(tree) == before and decoy.read_text() == "decoy = 1\n"
@@ -103,18 +109,6 @@ def test_a_change_file_larger_than_the_bound_is_refused_before_it_is_read(tmp_pa
     assert f"{diff}: {diff.stat().st_size} bytes; a pack file may have at most 1048576 (1 MiB)" in r.stderr
 
 
-def _without_seccomp(tmp_path) -> dict:
-    """A kernel without the seccomp filter, emulated: the privileged-call filter is not installed."""
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(
-        "import fixpack.sandbox.seccomp as s\n"
-        "def _no(*a, **k):\n    raise s.Unavailable(38, 'no seccomp (emulated by the test)')\n"
-        "s.install = _no\n"
-    )
-    return {"PYTHONPATH": f"{shim}{os.pathsep}{B.REPO}"}
-
-
 @pytest.mark.parametrize("mode", ["auto", "hook"])
 def test_a_setsid_double_forked_grandchild_does_not_outlive_its_fix(tmp_path, mode):
     """Without the seccomp filter a fix can fork; the fork server, a subreaper, kills whatever
@@ -128,7 +122,8 @@ def test_a_setsid_double_forked_grandchild_does_not_outlive_its_fix(tmp_path, mo
         "        open(os.environ['FIXPACK_TEST_TREE'] + '/../outside/survived', 'w').write('x')\n"
         "    os._exit(0)"
     )
-    r = _run(tmp_path, body, {**_without_seccomp(tmp_path), "FIXPACK_SANDBOX": mode})
+    # a kernel without seccomp filters (emulated): the privileged-call filter is not installed
+    r = _run(tmp_path, body, {"FIXPACK_SANDBOX": mode}, kernel_without="seccomp")
     out = r.stdout + r.stderr
     # the grandchild, and its parent if it had not finished exiting when the fix's process ended
     assert re.search(r"fix fix-two left [12] process\(es\) running after its own ended; they were killed", out), out[

@@ -76,28 +76,15 @@ def test_forced_off_is_said_and_recorded(tmp_path):
     assert all(f["sandbox"].startswith("audit hook + snapshot") for f in verify["fixes"])
 
 
-def _without_landlock(tmp_path, why: str) -> dict:
-    """The environment of a process (and its fork server) on a kernel without Landlock, emulated."""
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(
-        "import fixpack.sandbox.landlock as l\n"
-        f"def _no(*a, **k):\n    raise l.Unavailable(38, {why!r})\n"
-        "l.abi_version = _no\nl.confine = _no\n"
-    )
-    return {"PYTHONPATH": f"{shim}{os.pathsep}{B.REPO}"}
-
-
 def test_unavailable_landlock_is_said_once_and_the_run_falls_back(tmp_path, monkeypatch):
     """A kernel without Landlock, emulated: the probe and the child's confinement both fail."""
     root, tree = L.copy_pack("basic", tmp_path)
-    env = _without_landlock(tmp_path, "the kernel has no Landlock (emulated by the test)")
-    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, env=env)
+    r = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, kernel_without="landlock")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert out.count("Landlock is not available here") == 1, out
     state = json.loads((tree / ".fixpack" / "state.json").read_text())
-    assert state["protection"]["sandbox"] == "audit-hook" and "emulated by the test" in state["protection"]["reason"]
+    assert state["protection"]["sandbox"] == "audit-hook" and "the kernel has no Landlock (ENOSYS" in state["protection"]["reason"]
 
 
 def test_required_landlock_that_is_missing_fails_the_fix(tmp_path):
@@ -110,7 +97,8 @@ def test_required_landlock_that_is_missing_fails_the_fix(tmp_path):
         "--root",
         str(tree),
         pack=root,
-        env=dict(_without_landlock(tmp_path, "no Landlock (emulated)"), FIXPACK_SANDBOX="landlock"),
+        env={"FIXPACK_SANDBOX": "landlock"},
+        kernel_without="landlock",
     )
     assert r.returncode == 4 and "FIXPACK_SANDBOX=landlock, but Landlock cannot confine" in r.stdout + r.stderr
     assert B.tree_digest(tree) == before
@@ -175,7 +163,7 @@ def test_sealed_fix_processes_are_compared_once_per_run(tmp_path, monkeypatch, c
     root, tree = L.copy_pack("basic", tmp_path)
     scans = []
     real = W.scan
-    monkeypatch.setattr(W, "scan", lambda roots, skip: scans.append(len(roots)) or real(roots, skip))
+    monkeypatch.setattr(W, "scan", lambda roots, skip, deep=None: scans.append(len(roots)) or real(roots, skip, deep))
     monkeypatch.setenv("FIXPACK_SANDBOX", "auto")
     assert main(["apply", "--profile", "test", "--root", str(tree), "--pack", str(root)]) == 0
     state = json.loads((tree / ".fixpack" / "state.json").read_text())

@@ -101,13 +101,15 @@ def make_diff(rel: str, old: bytes, new: bytes) -> bytes:
 
 def inprocess_worker(self, fix, inputs, pins=None, hashes=None):
     stage = Path(tempfile.mkdtemp(prefix="fixpack-prop-stage-"))
+    for i, data in enumerate(inputs.values()):  # the bytes the driver read and hashed
+        (stage / f"{i}.in").write_bytes(data)
     job = {
         "fix_dir": str(fix.dir),
         "kind": fix.kind,
         "stage_dir": str(stage),
         "check_idempotent": self.check_idempotent,
         "targets": [
-            {"rel": rel, "src": str(src), "out": str(stage / f"{i}.out")} for i, (rel, src) in enumerate(inputs.items())
+            {"rel": rel, "src": str(stage / f"{i}.in"), "out": str(stage / f"{i}.out")} for i, rel in enumerate(inputs)
         ],
     }
     try:

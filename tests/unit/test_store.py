@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from fixpack.apply import dirfd
 from fixpack.apply.state import Journal, StateRecord, Unreadable
 from fixpack.apply.store import Store, atomic_write, drop_bytecode, fs_error
-from fixpack.errors import Drift, Locked
+from fixpack.errors import Drift, EnvironmentFault, Locked
+from packtests.builders import deep_chain
 
 H = "ab" * 32  # a well-formed sha256
 
@@ -147,9 +149,139 @@ def test_an_object_this_store_wrote_is_not_read_back_until_it_changes(tmp_path, 
     store.ensure()
     h = store.put(b"kept")
     reads = []
-    real = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or real(self))
+    real = dirfd.read_at
+    monkeypatch.setattr(dirfd, "read_at", lambda *a, **k: reads.append(a) or real(*a, **k))
     assert store.put(b"kept") == h and reads == []  # the next fix's old bytes: a stat, no read
     time.sleep(0.01)
     (store.objects / h[:2] / h[2:]).write_bytes(b"kept")  # rewritten with the same bytes: new times
     assert store.put(b"kept") == h and len(reads) == 1  # read back and found whole again
+
+
+# ---- issue 41: the state folder is read as it is written, through its descriptor, after its
+# owner is checked; no read blocks, follows a symlink or runs past its bound
+
+
+def _special(kind: str, path: Path) -> None:
+    """A name the Store may find where it expects a file: each kind the read must refuse."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "symlink-to-fifo":
+        os.mkfifo(path.with_name("planted-fifo"))
+        path.symlink_to(path.with_name("planted-fifo"))
+    elif kind == "symlink-to-dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "sparse-16g":
+        with open(path, "wb") as f:
+            f.truncate(16 << 30)
+    else:
+        raise ValueError(kind)
+
+
+SPECIALS = ["fifo", "folder", "symlink-to-fifo", "symlink-to-dev-zero", "sparse-16g"]
+
+
+@pytest.mark.parametrize("kind", SPECIALS)
+@pytest.mark.parametrize("name", ["state.json", "journal.json"])
+def test_a_state_record_or_journal_that_is_no_regular_file_reads_as_unreadable_at_once(tmp_path, kind, name):
+    store = Store(tmp_path / ".fixpack")
+    store.ensure()
+    _special(kind, store.dir / name)
+    t0 = time.monotonic()
+    got = store.read_state() if name == "state.json" else store.read_journal()
+    assert time.monotonic() - t0 < 2
+    assert isinstance(got, Unreadable) and str(store.dir / name) in got.why, got
+    assert ("over the bound" if kind == "sparse-16g" else "not a regular file") in got.why
+    assert store.has_journal() == (name == "journal.json")
+
+
+@pytest.mark.parametrize("kind", SPECIALS)
+def test_a_backup_that_is_no_regular_file_is_drift_named_and_a_later_put_replaces_it(tmp_path, kind):
+    store = Store(tmp_path / ".fixpack")
+    store.ensure()
+    h = store.put(b"kept")
+    obj = store.objects / h[:2] / h[2:]
+    obj.unlink()
+    _special(kind, obj)
+    t0 = time.monotonic()
+    with pytest.raises(
+        Drift, match=f"backup {obj} is (a FIFO|a folder|a symlink|{16 << 30} bytes).*; cannot restore those exact bytes"
+    ):
+        store.get(h)
+    assert time.monotonic() - t0 < 2 and not store.has(h)
+    if kind != "folder":  # a folder in its place: the rename is refused (EISDIR), exit 6
+        fresh = Store(tmp_path / ".fixpack")
+        assert fresh.put(b"kept") == h and fresh.get(h) == b"kept"
+
+
+def test_a_backup_folder_that_is_a_symlink_is_never_read_through(tmp_path):
+    store = Store(tmp_path / ".fixpack")
+    store.ensure()
+    h = hashlib.sha256(b"outside").hexdigest()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / h[2:]).write_bytes(b"outside")
+    (store.objects / h[:2]).symlink_to(elsewhere)
+    with pytest.raises(Drift, match="not a folder"):
+        store.get(h)
+
+
+def test_the_state_folder_owner_is_checked_before_anything_in_it_is_read(tmp_path):
+    store = Store(tmp_path / ".fixpack")
+    store.ensure()
+    os.mkfifo(store.state_path)  # would hang a read by path
+    os.chmod(store.dir, 0o777)
+    reader = Store(tmp_path / ".fixpack")
+    with pytest.raises(EnvironmentFault, match="the state folder is owned by uid .* with mode 0o777; fixpack reads"):
+        reader.read_state()
+    if os.geteuid() == 0:
+        os.chmod(store.dir, 0o755)
+        os.chown(store.dir, 4321, 4321)
+        with pytest.raises(EnvironmentFault, match="owned by uid 4321"):
+            Store(tmp_path / ".fixpack").read_journal()
+
+
+def test_a_missing_state_folder_reads_as_nothing_and_is_not_made_by_a_read(tmp_path):
+    store = Store(tmp_path / "none" / ".fixpack")
+    assert store.read_state() is None and store.read_journal() is None and not store.has_journal()
+    assert not (tmp_path / "none").exists()
+
+
+def test_the_run_lock_is_private_and_an_old_public_one_is_made_private(tmp_path):
+    store = Store(tmp_path / ".fixpack")
+    store.lock(timeout=1)
+    store.unlock()
+    assert stat.S_IMODE(os.stat(store.lock_path).st_mode) == 0o600
+    os.chmod(store.lock_path, 0o644)  # made by an earlier version
+    store.lock(timeout=1)
+    store.unlock()
+    assert stat.S_IMODE(os.stat(store.lock_path).st_mode) == 0o600
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink-to-fifo", "folder"])
+def test_a_lock_that_is_no_regular_file_is_refused_by_name_at_once(tmp_path, kind):
+    store = Store(tmp_path / ".fixpack")
+    store.ensure()
+    _special(kind, store.lock_path)
+    t0 = time.monotonic()
+    with pytest.raises(EnvironmentFault, match=f"{store.lock_path}: the lock is"):
+        store.lock(timeout=1)
+    assert time.monotonic() - t0 < 2
+
+
+def test_a_stage_is_removed_at_any_depth_and_its_removal_bound_is_named(tmp_path, monkeypatch):
+    store = Store(tmp_path / ".fixpack")
+    stage = store.stage("fix-a")
+    deep_chain(stage, 3000)
+    store.drop_stage("fix-a")
+    assert not stage.exists()
+    stage = store.stage("fix-a")
+    for i in range(100):
+        (stage / f"f{i}").touch()
+    monkeypatch.setattr(dirfd, "REMOVE_BOUND", 10)
+    monkeypatch.setattr(dirfd.remove_tree_at, "__kwdefaults__", {"path": None, "bound": 10})
+    with pytest.raises(EnvironmentFault, match=f"{stage}: more than 10 entries"):
+        store.drop_stage("fix-a")
+    monkeypatch.undo()
+    assert store.stage("fix-a") == stage and list(stage.iterdir()) == []  # the next stage finishes the removal
