@@ -400,11 +400,17 @@ def stand_in_v030_pack(dev_tree: Path, tmp: Path) -> tuple[Path, dict[str, str]]
     return pack, env
 
 
+# Chains deep_chain made: a chain left in a test's tmp_path would crash the clean-up of every later
+# pytest session on the machine (pytest removes old basetemps with shutil.rmtree, which recurses).
+DEEP_CHAINS: list[Path] = []
+
+
 def deep_chain(top: Path, depth: int, name: str = "d") -> Path:
     """``depth`` nested folders ``name`` under ``top``, made one level at a time through
     descriptors (a path that long is more than the kernel takes in one call), with an empty file
     ``bottom`` in the last; returns the first folder's path. A tree this deep crashes
     `shutil.rmtree` (it recurses): remove it with `remove_tree`."""
+    DEEP_CHAINS.append(top / name)  # removed after the test even when it fails half-way (tests/conftest.py)
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for _ in range(depth):
