@@ -27,7 +27,9 @@ class Card:
 
     @property
     def fp8_e4m3(self) -> torch.dtype:
-        # Gaudi 2's FP8 e4m3 has no negative zero and bias 8 (the fnuz format); Gaudi 3 follows OCP.
+        # The e4m3 dtype a cast that names none gives: an assumption (every vllm-gaudi call site names
+        # float8_e4m3fn). How each card reads float8_e4m3fn (Gaudi 2: bias 7, IEEE special values, 240
+        # the largest) is kernels/fp8.py's card_read.
         return torch.float8_e4m3fnuz if self.name == "gaudi2" else torch.float8_e4m3fn
 
 

@@ -27,7 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from hpu_emulation import counting, memory
+from hpu_emulation import counting, memory, refusals
 
 HPU = torch.device("hpu", 0)
 _state = threading.local()
@@ -64,6 +64,7 @@ class HPUTensor(torch.Tensor):
 
     @staticmethod
     def _build(cls: type, elem: torch.Tensor) -> Any:
+        refusals.check_dtype(elem.dtype)  # float64 / complex: not on a card
         r = torch.Tensor._make_wrapper_subclass(
             cls,
             elem.size(),
@@ -89,7 +90,11 @@ class HPUTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        return _on_function(func, args, kwargs or {})
+        try:
+            return _on_function(func, args, kwargs or {})
+        except refusals.CardRefusal as exc:
+            exc.name_op(func)  # the outermost call a refusal reached names it
+            raise
 
     @classmethod
     def __torch_dispatch__(cls, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -146,7 +151,7 @@ def _new_parameter(cls, data=None, requires_grad=True):
 # --- the device's index semantics -------------------------------------------------------------
 # vllm-gaudi pads token ids, positions, slots and block ids with -1 and gives each indexed table a
 # spare last row; the card wraps a negative index to the last row where a CPU kernel raises. These
-# are inferred from vllm-gaudi's design (claims a card must confirm: README, "Assumed semantics").
+# are inferred from vllm-gaudi's design (claims a card must confirm: README, "Fidelity"; device_gate.py).
 
 
 def _wrap_negative(index: torch.Tensor, size: int) -> torch.Tensor:
@@ -345,7 +350,10 @@ def _on_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     prop = _DEVICE_PROPS.get(func)
     if prop is not None:
         return prop(args[0])
-    special = _SPECIAL.get(func)
+    # What a card refuses, and how it reads stored FP8 bytes (refusals.py)
+    refusals.check_devices(func, args, kwargs, HPUTensor)
+    card_values = refusals.fp8_reads(func, args, kwargs, HPUTensor)
+    special = _SPECIAL.get(func) if card_values is None else None
     if special is not None:
         out = special(*args, **kwargs)
         if out is not NotImplemented:
@@ -363,6 +371,8 @@ def _on_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     with torch._C.DisableTorchFunctionSubclass():
         unwrapped_args = tree_map(_unwrap, args)
         unwrapped_kwargs = tree_map(_unwrap, kwargs)
+        if card_values is not None:
+            unwrapped_args, unwrapped_kwargs = card_values(unwrapped_args, unwrapped_kwargs)
         with counting.ops_of(func):
             out = func(*unwrapped_args, **unwrapped_kwargs)
     if func is torch.Tensor.cpu or reason in (".numpy()", ".tolist()"):
@@ -377,7 +387,13 @@ class DeviceMode(TorchFunctionMode):
     """Creation on ``hpu`` from Python: ``torch.zeros(..., device='hpu')``, ``cpu_tensor.to('hpu')``."""
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+        try:
+            return self._create(func, args, kwargs or {})
+        except refusals.CardRefusal as exc:
+            exc.name_op(func)
+            raise
+
+    def _create(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         if kwargs.get("pin_memory"):
             # Page-locked host memory is what a card's DMA copies from; a CPU build of torch can
             # only pin through a CUDA driver. The emulated card reads host memory as it is.

