@@ -37,7 +37,10 @@ def rope_cos_sin(config, positions: torch.Tensor, dtype: torch.dtype) -> tuple[t
             f"rope_type {params.get('rope_type')!r}: the reference implements the default RoPE only"
         )
     dim = config.qk_rope_head_dim
-    inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    # Built on the positions' device: a host tensor in a card op is refused in eager mode and, in
+    # lazy mode inside a captured HPU graph, frozen at its capture value.
+    steps = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float()
+    inv_freq = 1.0 / (params["rope_theta"] ** (steps / dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
