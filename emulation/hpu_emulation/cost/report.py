@@ -396,9 +396,9 @@ def glm53_report(recipe: Path, card: Card = GAUDI2, cal: Calibration | None = No
     for (t, k), b in dsa.items():
         rep.memory.append((f"  DSA prefill scoring alone: {t:,} queries x {k:,} keys", b))
     rep.memory_notes.append(
-        "DSA scoring (hpu_dsa.prefill_bias): every query against every visible key in fp32, masked, argsorted; the "
-        "peak is of the eager op sequence (scores, masked copy, int64 sort indices) and is what the card must hold "
-        "unless the scoring is chunked"
+        "DSA scoring (hpu_dsa.prefill_bias): each query against every visible key in fp32, masked, argsorted, in "
+        "query chunks of at most hpu_dsa.SCORE_BUDGET bytes; the peak is of the eager op sequence (the new bf16 "
+        "bias of queries x keys, one chunk's per-head scores, masked copy and int64 sort indices)"
     )
     return rep
 

@@ -115,26 +115,61 @@ def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, head_dim:
     return torch.matmul(w.float().unsqueeze(-2), per_head).squeeze(-2)
 
 
+#: bytes one query chunk of the prefill scoring may hold at once (per-head fp32 scores, the masked
+#: copy and the int64 sort indices of ``choose``): unchunked, a 4,096-token chunk against 131,072
+#: keys held ~128 GiB with GLM-5.3's 32 index heads (hpu_emulation.cost, ``dsa_scoring_peak``)
+SCORE_BUDGET = 1 << 30
+
+
+def score_rows(heads: int, keys: int, budget: int = SCORE_BUDGET) -> int:
+    """Query rows scored at once so that a chunk holds at most ``budget`` bytes: per row and key,
+    two fp32 per-head score tensors at once (the product and its scaled copy, eager), the fp32
+    sum and its masked copy, three int64 index rows (``choose``'s position order, its score order
+    and the gathered one)."""
+    per_row = keys * (8 * heads + 4 + 4 + 3 * 8)
+    return max(1, budget // per_row)
+
+
 def prefill_bias(
-    bias: torch.Tensor, q: torch.Tensor, w: torch.Tensor, keys, key_pos, q_pos, topk: int, threshold: int, head_dim: int
+    bias: torch.Tensor,
+    q: torch.Tensor,
+    w: torch.Tensor,
+    keys,
+    key_pos,
+    q_pos,
+    topk: int,
+    threshold: int,
+    head_dim: int,
+    budget: int = SCORE_BUDGET,
 ) -> torch.Tensor:
     """The prefill attention bias [B, 1, T, L] with the selection applied.
 
     bias: the runner's [B, 1, T, L] (0 visible, -inf not: context padding, causal, length);
-    q [B, T, h, D], w [B, T, h], keys [B, L, D], key_pos [B, L], q_pos [B, T]."""
+    q [B, T, h, D], w [B, T, h], keys [B, L, D], key_pos [B, L], q_pos [B, T]. The queries are
+    scored and selected in chunks of :func:`score_rows` rows (each row's selection depends on
+    its own scores only, so the chunks give the rows the unchunked pass gives)."""
     b, t = q_pos.shape
-    visible = ~torch.isneginf(bias[:, 0])  # [B, T, L]
-    scores = index_scores(q, w, keys.unsqueeze(1), head_dim)  # [B, T, L]
-    keep = choose(
-        scores.reshape(b * t, -1),
-        key_pos.unsqueeze(1).expand(b, t, -1).reshape(b * t, -1),
-        visible.reshape(b * t, -1),
-        q_pos.reshape(-1),
-        topk,
-        threshold,
-    ).view(b, t, -1)
-    # rows never go empty (a sparse row keeps topk keys), so -inf is safe here
-    return torch.where(keep | ~visible, bias[:, 0], float("-inf")).to(bias.dtype).unsqueeze(1)
+    length = bias.shape[-1]
+    rows = score_rows(q.shape[-2], length, budget)
+    out = torch.empty((b, t, length), dtype=bias.dtype, device=bias.device)
+    k4 = keys.unsqueeze(1)
+    for s in range(0, t, rows):
+        e = min(t, s + rows)
+        c = e - s
+        chunk_bias = bias[:, 0, s:e]
+        visible = ~torch.isneginf(chunk_bias)  # [B, c, L]
+        scores = index_scores(q[:, s:e], w[:, s:e], k4, head_dim)  # [B, c, L]
+        keep = choose(
+            scores.reshape(b * c, -1),
+            key_pos.unsqueeze(1).expand(b, c, -1).reshape(b * c, -1),
+            visible.reshape(b * c, -1),
+            q_pos[:, s:e].reshape(-1),
+            topk,
+            threshold,
+        ).view(b, c, -1)
+        # rows never go empty (a sparse row keeps topk keys), so -inf is safe here
+        out[:, s:e] = torch.where(keep | ~visible, chunk_bias, float("-inf")).to(bias.dtype)
+    return out.unsqueeze(1)
 
 
 def decode_bias(

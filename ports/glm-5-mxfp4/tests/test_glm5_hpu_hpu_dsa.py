@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from glm5_hpu import dsa
-from glm5_hpu.hpu_dsa import UNSELECTED, choose, decode_bias, index_scores, prefill_bias, threshold
+from glm5_hpu.hpu_dsa import (
+    SCORE_BUDGET,
+    UNSELECTED,
+    choose,
+    decode_bias,
+    index_scores,
+    prefill_bias,
+    score_rows,
+    threshold,
+)
 from glm5_hpu.switches import SwitchError
 
 NEG_INF = float("-inf")
@@ -114,6 +123,57 @@ def test_prefill_bias_selects_as_dsa_with_context_padding_and_rows_below_left_bi
     assert sparse_rows == 6  # positions 8..13 of the first prompt
     # padded query rows and padded context columns stay masked
     assert torch.isneginf(got[1, 0, 3:]).all() and torch.isneginf(got[1, 0, :, 4:8]).all()
+
+
+def _causal_prompt(g, t, length, h, d):
+    """One prompt of ``t`` queries at the end of ``length`` keys (context then this chunk), causal."""
+    q_pos = torch.arange(length - t, length)[None]
+    bias = torch.where(torch.arange(length)[None, :] <= q_pos[0, :, None], 0.0, NEG_INF)[None, None]
+    return (
+        bias.to(torch.bfloat16),
+        torch.randn(1, t, h, d, generator=g),
+        torch.randn(1, t, h, generator=g),
+        torch.randn(1, length, d, generator=g),
+        torch.arange(length)[None],
+        q_pos,
+    )
+
+
+def test_prefill_scoring_in_query_chunks_gives_the_unchunked_bias():
+    """The budget splits the queries into chunks of score_rows rows; every budget, down to one row
+    a chunk, gives the bias of one pass over all rows, bit for bit (a row's selection reads only
+    its own scores)."""
+    g = torch.Generator().manual_seed(5)
+    t, length, h, d, topk, thr = 9, 40, 3, 8, 5, 12
+    bias, q, w, keys, key_pos, q_pos = _causal_prompt(g, t, length, h, d)
+    one_pass = prefill_bias(bias, q, w, keys, key_pos, q_pos, topk, thr, d, budget=1 << 40)
+    assert score_rows(h, length, 1 << 40) >= t  # negative control: this is one chunk
+    for rows in (1, 2, 4, 8):
+        budget = rows * length * (8 * h + 4 + 4 + 3 * 8)
+        assert score_rows(h, length, budget) == rows
+        assert torch.equal(prefill_bias(bias, q, w, keys, key_pos, q_pos, topk, thr, d, budget=budget), one_pass)
+    # the selection did act: every row is past the threshold and keeps topk keys
+    assert ((one_pass[0, 0] == 0).sum(-1) == topk).all()
+
+
+def test_prefill_scoring_at_the_seed_threshold_selects_as_dsa_within_its_budget():
+    """The real rule (32,768 keys, top-k 2,048) on long rows: queries at 32,766..32,771 (the last
+    four see more than the threshold) against 32,772 keys, scored in chunks of 2 rows, keep exactly the keys
+    dsa.select keeps; the rows at or below the threshold keep every visible key. GLM-5.3's shapes
+    at 131,072 keys give a chunk within SCORE_BUDGET (score_rows), where one pass over a 4,096-token
+    chunk would hold ~128 GiB (hpu_emulation.cost)."""
+    g = torch.Generator().manual_seed(6)
+    thr, topk, h, d = dsa.DENSE_UNTIL_KEYS, 2048, 2, 8
+    t, length = 6, dsa.DENSE_UNTIL_KEYS + 4
+    bias, q, w, keys, key_pos, q_pos = _causal_prompt(g, t, length, h, d)
+    budget = 2 * length * (8 * h + 4 + 4 + 3 * 8)
+    got = prefill_bias(bias, q, w, keys, key_pos, q_pos, topk, thr, d, budget=budget)[0, 0]
+    scores = index_scores(q[0], w[0], keys[0].unsqueeze(0).expand(t, -1, -1), d)
+    want = dsa.select(scores, q_pos[0], topk, thr, sparse=True)
+    assert torch.equal(got == 0, want)
+    assert [int(n) for n in (got == 0).sum(-1)] == [32767, 32768, topk, topk, topk, topk]
+    rows = score_rows(32, 131072)  # GLM-5.3: 32 index heads
+    assert rows >= 1 and rows * 131072 * (8 * 32 + 4 + 4 + 3 * 8) <= SCORE_BUDGET
 
 
 def test_decode_bias_on_shuffled_blocks_selects_as_dsa_and_leaves_rows_below_unchanged():
