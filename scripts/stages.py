@@ -64,6 +64,15 @@ class Stage:
     json_counts: bool = False  # the command writes --json FILE with counts (hpu_harness.unit_tests)
 
 
+#: the release checks (``fixpack check`` of a whole profile: every fix proven from nothing when its
+#: inputs changed), each a stage of its own so the pool can place the longest first and a slow
+#: proof cannot take the rest of the main suite past its bound
+RELEASE_CHECKS = {
+    "release-v0.26.0": "tests/release/test_real_release.py",
+    "release-v0.30.0": "tests/release/test_release_v030.py",
+}
+
+
 def pytest_args(*paths: str, markers: str | None = None) -> list[str]:
     """pytest's arguments for a stage: quiet, skip reasons shown, no cache; ``markers`` replaces
     the suite's ``-m 'not slow'`` ("" runs every test of the files named)."""
@@ -88,9 +97,24 @@ def stages(extra: list[str]) -> list[Stage]:
         Stage(
             "main-suite",
             ".venv",
-            ["-m", "pytest", "-p", "no:cacheprovider", *extra],
-            3600,
-            "the engine, the pack and its release proofs, both ports' models (testpaths of pyproject.toml)",
+            ["-m", "pytest", "-p", "no:cacheprovider", *[f"--ignore={f}" for f in RELEASE_CHECKS.values()], *extra],
+            2400,
+            "the engine, the pack, both ports' models (testpaths of pyproject.toml, less the release checks)",
+        ),
+        Stage(
+            "release-v0.26.0",
+            ".venv",
+            pytest_args(RELEASE_CHECKS["release-v0.26.0"]),
+            3000,
+            "every fix of v0.26.0 and the Flash port's patches proven red/green against the release sources; "
+            "its lock, manifest and rebase report",
+        ),
+        Stage(
+            "release-v0.30.0",
+            ".venv",
+            pytest_args(RELEASE_CHECKS["release-v0.30.0"]),
+            3000,
+            "every fix of v0.30.0 and glm-5-mxfp4's patches checked against its sources (release or development base)",
         ),
         Stage(
             "emulation",
@@ -204,7 +228,16 @@ def stages(extra: list[str]) -> list[Stage]:
         ),
     ]
     # the pool takes them longest first (measured), so the last to start is a short one
-    first = ["main-suite", "mxfp4-runner", "flash-e2e", "emulation", "unit-tests-v0.26.0", "unit-tests-v0.30.0"]
+    first = [
+        "release-v0.26.0",
+        "mxfp4-runner",
+        "main-suite",
+        "flash-e2e",
+        "release-v0.30.0",
+        "emulation",
+        "unit-tests-v0.26.0",
+        "unit-tests-v0.30.0",
+    ]
     return sorted(listed, key=lambda st: first.index(st.name) if st.name in first else len(first))
 
 

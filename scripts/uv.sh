@@ -25,10 +25,17 @@ uv_venv() {
   [ -x "$1/bin/python" ] || "$UV" venv -q --seed --python "$PY" "$1"
 }
 
+# Every install into a venv is constrained by its lock (requirements/locked/<venv>.txt, made by
+# scripts/lock-venvs.sh): a fresh set-up gets the versions the last one got, not whatever the index
+# holds that day.
 uvpip() {
   local venv=$1; shift
-  local links=()
+  local links=() lock=()
   local dir
   for dir in $FIND_LINKS; do links+=(--find-links "$dir"); done
-  "$UV" pip install -q --python "$venv/bin/python" "${links[@]}" "$@"
+  local name locked
+  name=$(basename "$venv")
+  locked="requirements/locked/${name#.}.txt"
+  [ -f "$locked" ] && lock=(--constraint "$locked")
+  "$UV" pip install -q --python "$venv/bin/python" "${links[@]}" "${lock[@]}" "$@"
 }

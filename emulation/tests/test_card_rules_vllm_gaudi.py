@@ -109,8 +109,8 @@ def runs(tmp_path_factory):
         tree = trees.tree_from_env() or trees.build(
             tmp_path_factory.mktemp("v0.26.0") / "tree", "v0.26.0", patched=False
         )
-    except RuntimeError as exc:
-        pytest.skip(f"no v0.26.0 release tree: {exc}")
+    except trees.SourcesUnavailable as exc:
+        pytest.skip(f"SOURCE UNAVAILABLE: no v0.26.0 release tree: {exc}")
     env = dict(os.environ)
     env.update(runtime.prepare(tree, tmp_path_factory.mktemp("runtime")))
     env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + os.environ.get("PYTHONPATH", "")
