@@ -365,6 +365,10 @@ def _patched_forward(model, ctx, par, reduce, gather, switches, slots, step, con
         else:
             set_attr(attn, "forward", types.MethodType(_hpu_mla(step, context, tokens, batch, trace, text), attn))
         mlp = layer.mlp
+        if hasattr(mlp, "experts"):
+            # the exact loop's card form: the model picks it off vLLM's CPU platform at build time,
+            # and this model is built on the CPU platform (its gather form reads ids back to the host)
+            set_attr(mlp.experts, "static", True)
         if switches.moe_op == "fused" and hasattr(mlp, "experts"):
             ex = mlp.experts
             set_attr(ex, "op", "fused")
