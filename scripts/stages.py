@@ -61,6 +61,7 @@ class Stage:
     cwd: str = "."
     env: dict[str, str] = field(default_factory=dict)
     alone: bool = False  # runs by itself after the others (it needs the machine: TP 4 and 8 as processes)
+    long: bool = False  # a long check with its own command (--only NAME), not in the default run: CI's time
     json_counts: bool = False  # the command writes --json FILE with counts (hpu_harness.unit_tests)
 
 
@@ -217,6 +218,7 @@ def stages(extra: list[str]) -> list[Stage]:
             "GLM_MOE_TP's expert groups, GLM_MOE_PLACEMENT and the serving page's launch at TP 4 and TP 8 (worker processes as ranks)",
             env=e2e_env,
             alone=True,
+            long=True,
         ),
         Stage(
             "mxfp4-hpu-ops",
@@ -443,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         for st in all_stages:
             print(f"{st.name:<20} {st.venv:<13} {st.bound:>5} s  {st.what}")
         return 0
-    chosen = all_stages
+    chosen = [s for s in all_stages if not s.long]
     if args.only:
         unknown = sorted(set(args.only) - {s.name for s in all_stages})
         if unknown:
