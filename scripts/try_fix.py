@@ -26,9 +26,7 @@ def apply(fix_dir: Path, tree: Path, stage: Path) -> None:
     job = {"fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage), "check_idempotent": True, "targets": []}
     for i, t in enumerate(fix.targets):
         job["targets"].append({"rel": t.rel, "src": str(tree / t.rel), "out": str(stage / f"{i}.out")})
-    r = subprocess.run(
-        [sys.executable, "-m", "fixpack.sandbox.worker"], input=json.dumps(job), capture_output=True, text=True
-    )
+    r = subprocess.run([sys.executable, "-m", "fixpack.sandbox.worker"], input=json.dumps(job), capture_output=True, text=True)
     res = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"error": r.stderr[-2000:]}
     if "error" in res:
         sys.exit(f"{fix.id}: {res['error']}")
@@ -43,33 +41,14 @@ def run_tests(fix_dir: Path, tree: Path) -> int:
     fix = load_fix(fix_dir.resolve())
     env = dict(os.environ, FIXPACK_TREE=str(tree), PYTHONDONTWRITEBYTECODE="1")
     tests = [str(fix.dir / t) for t in fix.meta["tests"]]
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "fixpack.proofs.pytest_plugin",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "addopts=",
-            *tests,
-        ],
-        env=env,
-    ).returncode
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fixpack.proofs.pytest_plugin", "-p", "no:cacheprovider", "-o", "addopts=", *tests], env=env).returncode
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("fix")
     ap.add_argument("--after", nargs="*", default=[])
-    ap.add_argument(
-        "--tree",
-        default=os.environ.get("FIXPACK_DEV_TREE"),
-        help="a pristine release tree (default: from the fixpack cache)",
-    )
+    ap.add_argument("--tree", default=os.environ.get("FIXPACK_DEV_TREE"), help="a pristine release tree (default: from the fixpack cache)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
@@ -89,9 +68,7 @@ def main() -> None:
         apply(Path(a.fix), tree, stage)
         print("== after the fix (must PASS)")
         green = run_tests(Path(a.fix), tree)
-        print(
-            f"RESULT: before={'FAIL' if red else 'PASS'} after={'PASS' if green == 0 else 'FAIL'} -> {'RED/GREEN OK' if red and green == 0 else 'NOT PROVEN'}"
-        )
+        print(f"RESULT: before={'FAIL' if red else 'PASS'} after={'PASS' if green == 0 else 'FAIL'} -> {'RED/GREEN OK' if red and green == 0 else 'NOT PROVEN'}")
 
 
 if __name__ == "__main__":

@@ -67,9 +67,7 @@ def test_a_codemod_is_checked_against_the_edited_tree(tmp_path):
     lock_before = (root / "profiles" / "test.lock.json").read_bytes()
     _edit(root, "fix-two")
     r = B.fixpack("commit", "fix-two", "--keep", pack=root)  # untouched: the codemod's own result
-    assert r.returncode == 0 and "codemod.py gives exactly the edited files (pkg_a/sub/other.py)" in r.stdout, (
-        r.stdout + r.stderr
-    )
+    assert r.returncode == 0 and "codemod.py gives exactly the edited files (pkg_a/sub/other.py)" in r.stdout, r.stdout + r.stderr
     other = root / ".fixpack-work" / "edit" / "fix-two" / "tree" / "pkg_a" / "sub" / "other.py"
     other.write_text(other.read_text() + "MORE = 2\n")
     r = B.fixpack("commit", "fix-two", pack=root)
@@ -113,9 +111,7 @@ def test_an_edit_that_changes_nothing_in_a_diff_fix_leaves_its_file_and_hash_alo
     diff = (root / "fixes" / "fix-one" / "patch.diff").read_bytes()
     _edit(root, "fix-one")
     r = B.fixpack("commit", "fix-one", pack=root)
-    assert r.returncode == 0 and "patch.diff already gives the edited files: left as it is" in r.stdout, (
-        r.stdout + r.stderr
-    )
+    assert r.returncode == 0 and "patch.diff already gives the edited files: left as it is" in r.stdout, r.stdout + r.stderr
     assert (root / "fixes" / "fix-one" / "patch.diff").read_bytes() == diff
 
 
@@ -129,10 +125,7 @@ def test_a_new_entry_keeps_the_list_form_and_comments_or_is_refused_before_anyth
     f.write_text("fixes:\n  - id: a   # first\n  - id: b\n    opt_in: true\n")
     assert _with_entry(f, "fixes", "c").endswith("    opt_in: true\n  - id: c\n")
     f.write_text("patches:\n  - a   # first\n  - b\n# what follows\nplugin: {package: x}\n")
-    assert (
-        _with_entry(f, "patches", "c")
-        == "patches:\n  - a   # first\n  - b\n  - c\n# what follows\nplugin: {package: x}\n"
-    )
+    assert _with_entry(f, "patches", "c") == "patches:\n  - a   # first\n  - b\n  - c\n# what follows\nplugin: {package: x}\n"
     f.write_text("name: x\npatches: {a: 1}\n")
     try:
         _with_entry(f, "patches", "c")

@@ -20,19 +20,8 @@ def _synthetic(tmp_path: Path):
     root = B.make_pack(tmp_path / "pack")
     src = B.pristine_source(root)
     dev = B.repo_of(src, tmp_path / "demo-clone", ["pkg_a", "pkg_b"])
-    base = {
-        "kind": "git",
-        "repo": "demo",
-        "commit": "0" * 40,
-        "branch": "releases/next",
-        "development": {
-            "kind": "git",
-            "repo": "demo",
-            "commit": dev,
-            "branch": "main",
-            "why": "the release is not published where the tests run",
-        },
-    }
+    base = {"kind": "git", "repo": "demo", "commit": "0" * 40, "branch": "releases/next",
+            "development": {"kind": "git", "repo": "demo", "commit": dev, "branch": "main", "why": "the release is not published where the tests run"}}
     import yaml
 
     prof = yaml.safe_load((root / "profiles" / "test.yaml").read_text())
@@ -56,10 +45,7 @@ def test_development_pins_are_recorded_and_refused_on_an_image(tmp_path):
     assert "development base demo main" in listed and "pins it on its development base" in listed
 
     tree = tmp_path / "tree"
-    assert (
-        B.fixpack("sources", "tree", str(tree), "--profile", "test", env=dict(env, FIXPACK_PACK=str(root))).returncode
-        == 0
-    )
+    assert B.fixpack("sources", "tree", str(tree), "--profile", "test", env=dict(env, FIXPACK_PACK=str(root))).returncode == 0
     before = B.tree_digest(tree)
     r = B.apply_all("--profile", "test", "--root", str(tree), "--pack", str(root), env=env)
     out = r.stdout + r.stderr
@@ -78,12 +64,7 @@ def test_a_release_reachable_later_gets_real_pins_with_no_change_to_the_fixes(tm
     root, env = _synthetic(tmp_path)
     src = B.pristine_source(root)
     # the release differs from the development base in a file no fix touches
-    release = B.repo_of(
-        src,
-        tmp_path / "release-clone",
-        ["pkg_a", "pkg_b"],
-        edit=lambda d: (d / "pkg_b" / "__init__.py").write_text("# released\n"),
-    )
+    release = B.repo_of(src, tmp_path / "release-clone", ["pkg_a", "pkg_b"], edit=lambda d: (d / "pkg_b" / "__init__.py").write_text("# released\n"))
     import yaml
 
     prof = yaml.safe_load((root / "profiles" / "test.yaml").read_text())
@@ -96,16 +77,10 @@ def test_a_release_reachable_later_gets_real_pins_with_no_change_to_the_fixes(tm
         r = B.fixpack(cmd, "--profile", "test", pack=root, env=env)
         assert r.returncode == 0 and "development base" not in r.stderr, r.stdout + r.stderr
     lock = json.loads((root / "profiles" / "test.lock.json").read_text())
-    assert {p: (b["base"], b["spec"]["commit"]) for p, b in lock["bases"].items()} == {
-        "pkg_a": ("release", release),
-        "pkg_b": ("release", release),
-    }
+    assert {p: (b["base"], b["spec"]["commit"]) for p, b in lock["bases"].items()} == {"pkg_a": ("release", release), "pkg_b": ("release", release)}
     assert B.tree_digest(root / "fixes") == fixes_before
     tree = tmp_path / "tree"
-    assert (
-        B.fixpack("sources", "tree", str(tree), "--profile", "test", env=dict(env, FIXPACK_PACK=str(root))).returncode
-        == 0
-    )
+    assert B.fixpack("sources", "tree", str(tree), "--profile", "test", env=dict(env, FIXPACK_PACK=str(root))).returncode == 0
     assert (tree / "pkg_b" / "__init__.py").read_text() == "# released\n"
     r = B.apply_all("--profile", "test", "--root", str(tree), "--pack", str(root), env=env)
     assert r.returncode == 0, r.stdout + r.stderr  # real pins: no --development-base needed
@@ -120,10 +95,7 @@ def test_the_v030_profile_refuses_its_development_vllm_gaudi_on_an_image(tmp_pat
     lock = json.loads((REPO / "profiles" / "v0.30.0.lock.json").read_text())
     if lock["bases"]["vllm_gaudi"]["base"] != "development":
         pytest.skip("this pack's v0.30.0 lock pins the vllm-gaudi release itself")
-    assert lock["bases"]["vllm"] == {
-        "base": "release",
-        "spec": {"kind": "wheel", "distribution": "vllm", "version": "0.30.0", "commit": "ced6857af"},
-    }
+    assert lock["bases"]["vllm"] == {"base": "release", "spec": {"kind": "wheel", "distribution": "vllm", "version": "0.30.0", "commit": "ced6857af"}}
     before = B.tree_digest(tree)
     r = B.apply_all("--profile", "v0.30.0", "--root", str(tree))
     assert r.returncode == 3, r.stdout + r.stderr
@@ -139,12 +111,7 @@ def test_the_v030_profile_gets_release_pins_from_a_stand_in_clone(tmp_path):
     dev_tree = tmp_path / "dev"
     if B.fixpack("sources", "tree", str(dev_tree), "--profile", "v0.30.0").returncode != 0:
         pytest.skip("v0.30.0 sources unavailable")
-    release = B.repo_of(
-        dev_tree,
-        tmp_path / "stand-in",
-        ["vllm_gaudi"],
-        edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("releases/v0.30.0 stand-in\n"),
-    )
+    release = B.repo_of(dev_tree, tmp_path / "stand-in", ["vllm_gaudi"], edit=lambda d: (d / "vllm_gaudi" / "STAND_IN.txt").write_text("releases/v0.30.0 stand-in\n"))
     pack = tmp_path / "pack"
     shutil.copytree(REPO / "profiles", pack / "profiles")
     for name in ("fixpack", "fixes", "ports", "recipes"):
@@ -169,12 +136,7 @@ def test_the_v030_profile_gets_release_pins_from_a_stand_in_clone(tmp_path):
     lock = json.loads((pack / "profiles" / "v0.30.0.lock.json").read_text())
     assert lock["bases"]["vllm_gaudi"]["base"] == "release" and lock["bases"]["vllm_gaudi"]["spec"]["commit"] == release
     tree = tmp_path / "image"
-    assert (
-        B.fixpack(
-            "sources", "tree", str(tree), "--profile", "v0.30.0", env=dict(env, FIXPACK_PACK=str(pack))
-        ).returncode
-        == 0
-    )
+    assert B.fixpack("sources", "tree", str(tree), "--profile", "v0.30.0", env=dict(env, FIXPACK_PACK=str(pack))).returncode == 0
     r = B.apply_all("--profile", "v0.30.0", "--root", str(tree), "--pack", str(pack), env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert B.fixpack("verify", "--profile", "v0.30.0", "--root", str(tree), pack=pack, env=env).returncode == 0

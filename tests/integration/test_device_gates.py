@@ -47,9 +47,7 @@ def test_every_device_gate_sits_beside_its_fix_and_one_command_finds_them_all():
 
 def test_mm_merge_gate_needs_the_defect_to_show():
     gate = load("fixes/mm-merge-idxcopy/device_gate.py")
-    good = dict(
-        tokens=8192, images=4, identical=True, masked_ms=2.0, index_ms=1.0, masked_cold_ms=900.0, index_cold_ms=700.0
-    )
+    good = dict(tokens=8192, images=4, identical=True, masked_ms=2.0, index_ms=1.0, masked_cold_ms=900.0, index_cold_ms=700.0)
     assert gate.verdict([good]) == (True, [])
     ok, why = gate.verdict([dict(good, index_ms=1.95)])  # as fast as the stock path: no defect
     assert not ok and "not 5 % faster" in why[0]
@@ -87,17 +85,11 @@ def test_gather_logprobs_gate_compares_every_id_rank_and_value():
     assert int(ids[0]) == 4095
     top_v, top_i = torch.topk(logprobs, 4, dim=-1)
     tok = logprobs.gather(-1, ids.unsqueeze(-1))
-    ref = (
-        torch.cat((ids.unsqueeze(-1), top_i), 1).to(torch.int32),
-        torch.cat((tok, top_v), 1),
-        (logprobs >= tok).sum(-1),
-    )
+    ref = (torch.cat((ids.unsqueeze(-1), top_i), 1).to(torch.int32), torch.cat((tok, top_v), 1), (logprobs >= tok).sum(-1))
     assert gate.compare("x", ref, ref) == []
     bad_ids = ref[0].clone()
     bad_ids[2, 3] += 1
-    assert gate.compare("x", ref, (bad_ids, ref[1], ref[2])) == [
-        f"x: row 2 id 3: {int(bad_ids[2, 3])}, expected {int(ref[0][2, 3])}"
-    ]
+    assert gate.compare("x", ref, (bad_ids, ref[1], ref[2])) == [f"x: row 2 id 3: {int(bad_ids[2, 3])}, expected {int(ref[0][2, 3])}"]
     assert "not int32" in gate.compare("x", ref, (ref[0].to(torch.int64), ref[1], ref[2]))[0]
     assert "rank" in gate.compare("x", ref, (ref[0], ref[1], ref[2] + 1))[0]
     assert "differ by up to" in gate.compare("x", ref, (ref[0], ref[1] + 1e-3, ref[2]))[0]

@@ -45,10 +45,7 @@ def test_apply_fixes_defaults_in_pack_order_and_pins_each_result(pack):
 
 
 def test_opt_ins_apply_in_pack_order_whatever_the_command_line_order(tmp_path):
-    root = make_pack(
-        tmp_path / "pack",
-        fixes=[{"id": "fix-opt", "opt_in": True}, {"id": "fix-one"}, {"id": "fix-two", "opt_in": True}],
-    )
+    root = make_pack(tmp_path / "pack", fixes=[{"id": "fix-opt", "opt_in": True}, {"id": "fix-one"}, {"id": "fix-two", "opt_in": True}])
     write_lock(root)
     tree = new_tree(root, tmp_path / "tree")
     r = fixpack("apply", "--profile", "test", "--root", str(tree), "fix-two", "fix-opt", pack=root)
@@ -169,9 +166,7 @@ def test_revert_refuses_a_fix_that_a_later_fix_builds_on(tmp_path):
     write_lock(root)
     tree = new_tree(root, tmp_path / "tree")
     assert fixpack("apply", "--profile", "test", "--root", str(tree), pack=root).returncode == 0
-    assert "line_29 = 29  # fixed" in read(tree, "pkg_a/mod.py") and "line_12 = 12  # fixed" in read(
-        tree, "pkg_a/mod.py"
-    )
+    assert "line_29 = 29  # fixed" in read(tree, "pkg_a/mod.py") and "line_12 = 12  # fixed" in read(tree, "pkg_a/mod.py")
     r = fixpack("revert", "fix-one", "--profile", "test", "--root", str(tree), pack=root)
     assert r.returncode == 2 and "fix-three" in r.stderr
 
@@ -243,11 +238,7 @@ def test_list_and_show(pack):
     root, _ = pack
     r = fixpack("list", "--profile", "test", "--json", pack=root)
     data = json.loads(r.stdout)
-    assert [(f["id"], f["role"]) for f in data[0]["fixes"]] == [
-        ("fix-one", "default"),
-        ("fix-two", "default"),
-        ("fix-opt", "opt-in"),
-    ]
+    assert [(f["id"], f["role"]) for f in data[0]["fixes"]] == [("fix-one", "default"), ("fix-two", "default"), ("fix-opt", "opt-in")]
     r = fixpack("show", "fix-two", pack=root)
     assert r.returncode == 0 and "RowsByPosition" in r.stdout and "synthetic fix fix-two" in r.stdout
     r = fixpack("show", "nope", pack=root)
@@ -283,21 +274,12 @@ def make_port(root):
     """A port 'demo' on the synthetic profile, with one patch of its own (the layer below)."""
     import yaml
 
+
     d = root / "ports" / "demo"
     d.mkdir(parents=True)
     # a diff of the file a profile codemod also rewrites (anchored elsewhere in it)
-    write_fix(
-        d,
-        "port-patch",
-        "diff",
-        ["pkg_a/sub/other.py"],
-        "--- a/pkg_a/sub/other.py\n+++ b/pkg_a/sub/other.py\n@@ -13,2 +13,2 @@\n def helper(x):\n-    return x + 1\n+    return x + 2\n",
-    )
-    (d / "port.yaml").write_text(
-        yaml.safe_dump(
-            {"name": "demo", "profile": "test", "patches": ["port-patch"], "plugin": {"package": "demo_plugin"}}
-        )
-    )
+    write_fix(d, "port-patch", "diff", ["pkg_a/sub/other.py"], "--- a/pkg_a/sub/other.py\n+++ b/pkg_a/sub/other.py\n@@ -13,2 +13,2 @@\n def helper(x):\n-    return x + 1\n+    return x + 2\n")
+    (d / "port.yaml").write_text(yaml.safe_dump({"name": "demo", "profile": "test", "patches": ["port-patch"], "plugin": {"package": "demo_plugin"}}))
 
 
 def test_a_port_is_the_layer_below_the_profile_and_is_never_dropped_silently(tmp_path):
@@ -307,12 +289,7 @@ def test_a_port_is_the_layer_below_the_profile_and_is_never_dropped_silently(tmp
     tree = new_tree(root, tmp_path / "tree")
     r = fixpack("apply", "--profile", "test", "--port", "demo", "--root", str(tree), "fix-opt", pack=root)
     assert r.returncode == 0, r.stderr
-    assert [line.split(".")[0] for line in r.stdout.splitlines() if "applied" in line] == [
-        "port-patch",
-        "fix-one",
-        "fix-two",
-        "fix-opt",
-    ]
+    assert [line.split(".")[0] for line in r.stdout.splitlines() if "applied" in line] == ["port-patch", "fix-one", "fix-two", "fix-opt"]
     assert "return x + 2" in read(tree, "pkg_a/sub/other.py") and "enumerate(ids)" in read(tree, "pkg_a/sub/other.py")
     r = apply_all("--profile", "test", "--port", "demo", "fix-opt", "--root", str(tree), "--pack", str(root))
     assert r.returncode == 0 and "already applied" in r.stdout
@@ -343,11 +320,7 @@ def test_the_lock_keeps_where_an_edit_found_its_definition_and_an_apply_uses_it(
 
     root = make_pack(tmp_path / "pack", fixes=[{"id": "fix-one"}, {"id": "fix-ed"}])
     write_fix(
-        root,
-        "fix-ed",
-        "edit",
-        ["pkg_a/sub/other.py"],
-        "- {target: pkg_a/sub/other.py, in: Batch.size, replace: 'return len(self.table)', with: 'return len(self.table) + 0'}\n",
+        root, "fix-ed", "edit", ["pkg_a/sub/other.py"], "- {target: pkg_a/sub/other.py, in: Batch.size, replace: 'return len(self.table)', with: 'return len(self.table) + 0'}\n"
     )
     lock_path = write_lock(root)
     lock = json.loads(lock_path.read_text())

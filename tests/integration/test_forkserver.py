@@ -21,14 +21,8 @@ def test_jobs_run_in_children_of_one_server(server, tmp_path):
     assert Path(result(first)["outputs"]["pkg/t.py"]).read_text() == SRC.replace("1", "2")
     pid = server.proc.pid
     # each job is its own process: its pid is neither the server's nor the previous job's
-    a = server.run(
-        job(tmp_path, "b", "print(os.getpid(), os.getppid()); return replace_once(node, 'return 1', 'return 3')"),
-        timeout=60,
-    )
-    b = server.run(
-        job(tmp_path, "c", "print(os.getpid(), os.getppid()); return replace_once(node, 'return 1', 'return 4')"),
-        timeout=60,
-    )
+    a = server.run(job(tmp_path, "b", "print(os.getpid(), os.getppid()); return replace_once(node, 'return 1', 'return 3')"), timeout=60)
+    b = server.run(job(tmp_path, "c", "print(os.getpid(), os.getppid()); return replace_once(node, 'return 1', 'return 4')"), timeout=60)
     # the first line is the worker's own word on its confinement; the fix's print follows it
     (pa, ppa), (pb, ppb) = (tuple(map(int, r["stdout"].splitlines()[1].split()[:2])) for r in (a, b))
     assert ppa == ppb == pid and len({pa, pb, pid}) == 3
@@ -38,9 +32,7 @@ def test_jobs_run_in_children_of_one_server(server, tmp_path):
 def test_a_crashing_child_is_reported_and_the_server_serves_on(server, tmp_path):
     crash = server.run(job(tmp_path, "segv", "import ctypes; ctypes.string_at(0)"), timeout=60)
     assert crash["rc"] == -11 and not crash["timed_out"]
-    exited = server.run(
-        job(tmp_path, "exit", "sys.stderr.write('going\\n'); sys.stderr.flush(); os._exit(3)"), timeout=60
-    )
+    exited = server.run(job(tmp_path, "exit", "sys.stderr.write('going\\n'); sys.stderr.flush(); os._exit(3)"), timeout=60)
     assert exited["rc"] == 3 and "going" in exited["stderr"]
     ok = server.run(job(tmp_path, "ok", "return replace_once(node, 'return 1', 'return 2')"), timeout=60)
     assert ok["rc"] == 0
@@ -113,13 +105,7 @@ def test_the_server_imports_no_target_package_and_an_edit_no_libcst(tmp_path):
     (tmp_path / "jobs").write_text(json.dumps(j) + "\n")
     import subprocess
 
-    r = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "jobs")],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        timeout=120,
-    )
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "jobs")], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["rc"] == 0
     assert r.stderr.strip().splitlines()[-1] == "[]"
@@ -135,11 +121,7 @@ def test_what_confined_a_child_is_its_first_line_and_a_fix_cannot_forge_it(serve
     lines = r["stdout"].splitlines()
     assert json.loads(lines[1]) == json.loads(forged)  # the fix did print its claim ...
     got = Runner.protection_of(r)  # ... but the driver reads the line written before the fix loaded
-    assert (
-        got is not None
-        and got["sandbox"] == "audit-hook"
-        and got["reason"] == "Landlock forced off (FIXPACK_SANDBOX=hook)"
-    )
+    assert got is not None and got["sandbox"] == "audit-hook" and got["reason"] == "Landlock forced off (FIXPACK_SANDBOX=hook)"
     assert "seccomp" not in got and "abi" not in got
 
 
@@ -156,10 +138,7 @@ def test_the_codemod_server_has_libcst_before_its_first_job_and_the_runner_start
     for preload, has in (("codemod", "True"), ("", "False")):
         r = subprocess.run(
             [sys.executable, "-c", code, str(tmp_path / "none"), preload],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
-            timeout=120,
+            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120,
         )
         assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == has, (preload, r.stderr)
 
@@ -248,10 +227,7 @@ def test_the_codemod_servers_warm_up_leaves_every_attribute_of_dataclasses_as_it
     (tmp_path / "none").write_text("")
     r = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "none")],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        timeout=120,
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120,
     )
     assert r.returncode == 0, r.stderr
     # nothing swapped, added or removed; the matchers' docstrings are those dataclasses renders

@@ -26,13 +26,7 @@ def test_crlf_file_and_crlf_patch_apply_byte_exact(tmp_path):
 
     src = write_tree(root / "pristine")
     (src / "pkg_b" / "x.py").write_bytes(b"alpha\r\nbeta\r\ngamma\r\n")
-    (root / "fixes" / "fix-opt" / "patch.diff").write_bytes(
-        DIFF_OPT.replace("\n", "\r\n")
-        .replace("--- a/pkg_b/x.py\r\n", "--- a/pkg_b/x.py\n")
-        .replace("+++ b/pkg_b/x.py\r\n", "+++ b/pkg_b/x.py\n")
-        .replace("@@ -1,3 +1,3 @@\r\n", "@@ -1,3 +1,3 @@\n")
-        .encode()
-    )
+    (root / "fixes" / "fix-opt" / "patch.diff").write_bytes(DIFF_OPT.replace("\n", "\r\n").replace("--- a/pkg_b/x.py\r\n", "--- a/pkg_b/x.py\n").replace("+++ b/pkg_b/x.py\r\n", "+++ b/pkg_b/x.py\n").replace("@@ -1,3 +1,3 @@\r\n", "@@ -1,3 +1,3 @@\n").encode())
     write_lock(root)
     tree = new_tree(root, tmp_path / "tree")
     before = tree_digest(tree)
@@ -73,10 +67,6 @@ def test_duplicate_keys_in_a_nested_mapping_and_a_profile_are_refused(tmp_path):
     root = make_pack(tmp_path / "pack")
     prof = next((root / "profiles").glob("*.yaml"))
     text = prof.read_text()
-    prof.write_text(
-        text.replace("base:\n", "base:\n  pytorch: '2.11'\n  pytorch: '2.12'\n", 1)
-        if "base:\n" in text
-        else text + "name: again\n"
-    )
+    prof.write_text(text.replace("base:\n", "base:\n  pytorch: '2.11'\n  pytorch: '2.12'\n", 1) if "base:\n" in text else text + "name: again\n")
     r = fixpack("validate", pack=root)
     assert r.returncode == 2 and "duplicate key" in r.stdout + r.stderr and str(prof) in r.stdout + r.stderr

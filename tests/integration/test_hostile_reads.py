@@ -72,10 +72,7 @@ def test_without_the_kernel_a_fix_making_a_3000_deep_chain_in_the_tree_is_undone
                   env={"FIXPACK_SANDBOX": "hook", "FIXPACK_TEST_TREE": str(tree)})  # fmt: skip
     out = r.stdout + r.stderr
     assert r.returncode == 4, out
-    assert (
-        f"{tree / 'pkg_a' / 'deep'}: created (63 entries in it, and folders nested deeper than 64 levels); restored (removed)"
-        in out
-    ), out
+    assert f"{tree / 'pkg_a' / 'deep'}: created (63 entries in it, and folders nested deeper than 64 levels); restored (removed)" in out, out
     assert len(out) < 4000  # one line for the chain, not one per folder
     assert "Traceback" not in out
     assert not (tree / "pkg_a" / "deep").exists() and B.tree_digest(tree) == before
@@ -115,9 +112,7 @@ def _plant(kind: str, path, tmp_path) -> None:
         raise ValueError(kind)
 
 
-@pytest.mark.parametrize(
-    "kind", ["fifo", "symlink-to-fifo", "symlink-to-dev-zero", "char-device", "folder", "sparse-16g"]
-)
+@pytest.mark.parametrize("kind", ["fifo", "symlink-to-fifo", "symlink-to-dev-zero", "char-device", "folder", "sparse-16g"])
 def test_a_backup_that_is_no_regular_file_stops_revert_by_name_at_once(tmp_path, kind):
     root, tree, store = _applied(tmp_path)
     state = json.loads(store.state_path.read_text())
@@ -156,9 +151,7 @@ def test_a_state_record_that_is_no_regular_file_is_corrupt_and_apply_rebuilds_it
     v = B.fixpack("verify", "--profile", "test", "--root", str(tree), pack=root, timeout=60)
     assert v.returncode == 5 and f"state record {store.state_path} is corrupt" in v.stdout, v.stdout + v.stderr
     a = B.fixpack("apply", "--profile", "test", "--root", str(tree), pack=root, timeout=60)
-    assert a.returncode == 0 and "is corrupt; working out the applied fixes from file hashes" in a.stdout, (
-        a.stdout + a.stderr
-    )
+    assert a.returncode == 0 and "is corrupt; working out the applied fixes from file hashes" in a.stdout, a.stdout + a.stderr
     assert stat.S_ISREG(os.lstat(store.state_path).st_mode)  # replaced by rename, never written through
     assert B.fixpack("verify", "--profile", "test", "--root", str(tree), pack=root).returncode == 0
 

@@ -14,7 +14,7 @@ import pytest
 from packtests.builders import write_fix, write_tree
 
 TESTS = textwrap.dedent(
-    """
+    '''
     import pytest
 
 
@@ -65,7 +65,7 @@ TESTS = textwrap.dedent(
     def torch_tensor(v):
         import torch
         return torch.tensor(float(v))
-    """
+    '''
 )
 
 
@@ -74,14 +74,8 @@ def fix(tmp_path, monkeypatch):
     from fixpack.pack.pack import load_fix
 
     monkeypatch.setenv("FIXPACK_TEST_SERVER", "0")  # a few tiny runs: no preloading server
-    d = write_fix(
-        tmp_path / "pack",
-        "fix-x",
-        "diff",
-        ["pkg_a/mod.py"],
-        "--- a/pkg_a/mod.py\n+++ b/pkg_a/mod.py\n@@ -12 +12 @@\n-line_12 = 12\n+line_12 = 13\n",
-        regression_guards=["test_guard"],
-    )
+    d = write_fix(tmp_path / "pack", "fix-x", "diff", ["pkg_a/mod.py"], "--- a/pkg_a/mod.py\n+++ b/pkg_a/mod.py\n@@ -12 +12 @@\n-line_12 = 12\n+line_12 = 13\n",
+                  regression_guards=["test_guard"])
     (d / "test_it.py").write_text(TESTS)
     tree = write_tree(tmp_path / "tree")
     return load_fix(d), tree
@@ -100,7 +94,7 @@ def test_each_kind_of_failure_is_told_apart(fix, monkeypatch, server):
     verdict = {rec["name"]: proof.red_of(rec) for rec in run.tests.values()}
     assert verdict["test_assertion"] == (True, "line_12 is still 12")
     ok, cause = verdict["test_undeclared_exception"]
-    assert not ok and "raised KeyError at test_it.py" in cause and "red_raises(KeyError)" in cause
+    assert not ok and "raised KeyError at test_it.py" in cause and 'red_raises(KeyError)' in cause
     assert verdict["test_declared_exception"] == (True, "KeyError: 12")
     ok, cause = verdict["test_declared_but_other_exception"]
     assert not ok and "not the declared KeyError" in cause
@@ -140,28 +134,9 @@ def test_a_guard_that_fails_before_is_refused():
     from fixpack.proofs import proof
 
     fix = SimpleNamespace(meta={"regression_guards": ["test_g"]}, dir=None)
-    failed = {
-        "name": "test_g",
-        "declared": [],
-        "phases": {
-            "setup": {"outcome": "passed"},
-            "call": {
-                "outcome": "failed",
-                "exc_type": "AssertionError",
-                "exc_mro": ["AssertionError"],
-                "raised_in_test": True,
-                "cause": "boom",
-            },
-        },
-    }
-    passed = {
-        "name": "test_g",
-        "declared": [],
-        "phases": {"setup": {"outcome": "passed"}, "call": {"outcome": "passed"}},
-    }
-    rg = proof.red_green(
-        fix, proof.TestRun(1, 0, {"t.py::test_g": failed}), proof.TestRun(0, 0, {"t.py::test_g": passed})
-    )
+    failed = {"name": "test_g", "declared": [], "phases": {"setup": {"outcome": "passed"}, "call": {"outcome": "failed", "exc_type": "AssertionError", "exc_mro": ["AssertionError"], "raised_in_test": True, "cause": "boom"}}}
+    passed = {"name": "test_g", "declared": [], "phases": {"setup": {"outcome": "passed"}, "call": {"outcome": "passed"}}}
+    rg = proof.red_green(fix, proof.TestRun(1, 0, {"t.py::test_g": failed}), proof.TestRun(0, 0, {"t.py::test_g": passed}))
     assert rg["guards"] == 0 and "declared a regression guard but fails before the fix" in rg["problems"][0]
 
 

@@ -14,19 +14,8 @@ import pytest
 from packtests import reliability_lib as L
 from packtests.builders import fixpack
 
-KINDS = {
-    "staged object",
-    "renamed object",
-    "staged journal.json",
-    "renamed journal.json",
-    "journal written",
-    "staged target",
-    "renamed target",
-    "staged state.json",
-    "renamed state.json",
-    "state written",
-    "journal removed",
-}
+KINDS = {"staged object", "renamed object", "staged journal.json", "renamed journal.json", "journal written", "staged target",
+         "renamed target", "staged state.json", "renamed state.json", "state written", "journal removed"}
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +49,7 @@ def test_every_kind_of_write_is_a_kill_point(basic_points):
     assert [n for n, _ in points] == list(range(1, len(points) + 1))
 
 
-CI_KINDS = [
-    "journal written",
-    "renamed target",
-    "staged target",
-    "renamed state.json",
-    "state written",
-    "journal removed",
-]
+CI_KINDS = ["journal written", "renamed target", "staged target", "renamed state.json", "state written", "journal removed"]
 
 
 @pytest.mark.parametrize("kind", CI_KINDS)
@@ -126,19 +108,7 @@ def test_killed_revert_of_a_middle_fix_is_finished_by_the_next_run(tmp_path):
     base = ["--profile", "test", "--root", str(tree)]
     probe = subject.snapshot(tmp_path / "probe")
     assert subject.cli(probe, "apply").returncode == 0
-    assert (
-        fixpack(
-            "revert",
-            "fix-one",
-            "--profile",
-            "test",
-            "--root",
-            str(probe),
-            pack=subject.pack,
-            env={"FIXPACK_CRASH_LOG": str(log)},
-        ).returncode
-        == 0
-    )
+    assert fixpack("revert", "fix-one", "--profile", "test", "--root", str(probe), pack=subject.pack, env={"FIXPACK_CRASH_LOG": str(log)}).returncode == 0
     n = next(int(line.split("\t")[0]) for line in log.read_text().splitlines() if line.endswith("renamed pkg_a/mod.py"))
     r = fixpack("revert", "fix-one", *base, pack=subject.pack, env={"FIXPACK_CRASH_AT": str(n)})
     assert r.returncode == -9

@@ -84,10 +84,7 @@ def test_unavailable_landlock_is_said_once_and_the_run_falls_back(tmp_path, monk
     assert r.returncode == 0, out
     assert out.count("Landlock is not available here") == 1, out
     state = json.loads((tree / ".fixpack" / "state.json").read_text())
-    assert (
-        state["protection"]["sandbox"] == "audit-hook"
-        and "the kernel has no Landlock (ENOSYS" in state["protection"]["reason"]
-    )
+    assert state["protection"]["sandbox"] == "audit-hook" and "the kernel has no Landlock (ENOSYS" in state["protection"]["reason"]
 
 
 def test_required_landlock_that_is_missing_fails_the_fix(tmp_path):

@@ -62,14 +62,7 @@ def test_diff_changing_an_undeclared_file(tmp_path):
 
 def test_not_cpu_demonstrable_needs_a_device_gate(tmp_path):
     root = make_pack(tmp_path / "pack")
-    write_fix(
-        root,
-        "fix-dev",
-        "diff",
-        ["pkg_b/x.py"],
-        (root / "fixes" / "fix-opt" / "patch.diff").read_text(),
-        cpu_demonstrable=False,
-    )
+    write_fix(root, "fix-dev", "diff", ["pkg_b/x.py"], (root / "fixes" / "fix-opt" / "patch.diff").read_text(), cpu_demonstrable=False)
     expect_error(root, "cpu_demonstrable is false, so key 'device_gate'")
 
 
@@ -89,12 +82,7 @@ def test_requirement_that_comes_later_in_pack_order(tmp_path):
 def test_yaml_python_tags_are_refused_not_executed(tmp_path):
     root = make_pack(tmp_path / "pack")
     marker = tmp_path / "pwned"
-    edit_yaml(
-        root,
-        "fix-one",
-        "summary: synthetic fix fix-one",
-        f"summary: !!python/object/apply:os.system ['touch {marker}']",
-    )
+    edit_yaml(root, "fix-one", "summary: synthetic fix fix-one", f"summary: !!python/object/apply:os.system ['touch {marker}']")
     expect_error(root, "invalid YAML")
     assert not marker.exists()
 

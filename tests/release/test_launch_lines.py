@@ -47,25 +47,14 @@ def image(tmp_path_factory) -> Path:
         pytest.skip(f"release sources unavailable: {made.stderr.strip()[-300:]}")
     env = dict(os.environ, COOKBOOK=str(REPO), PYTHON=sys.executable, GLM5_NEXT_MHC_SINKHORN="torch")
     env.pop("PYTHONPATH", None)
-    inst = subprocess.run(
-        ["bash", str(REPO / "ports" / PORT / "install.sh"), "--root", str(tree), "--no-plugin"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    inst = subprocess.run(["bash", str(REPO / "ports" / PORT / "install.sh"), "--root", str(tree), "--no-plugin"], capture_output=True, text=True, env=env, timeout=900)
     assert inst.returncode == 0, (inst.stdout + inst.stderr)[-4000:]
     return tree
 
 
 def _launch(tree: Path) -> subprocess.CompletedProcess:
     """The line verbatim in bash, with the image's python3 first on PATH and its packages on the path."""
-    env = dict(
-        os.environ,
-        COOKBOOK=str(REPO),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        PYTHONPATH=str(tree),
-    )
+    env = dict(os.environ, COOKBOOK=str(REPO), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(tree))
     return subprocess.run(["bash", "-c", SEED_LINE], capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -100,15 +89,8 @@ def test_the_door_passes_on_a_refusal(image, tmp_path):
     bad.mkdir()
     (bad / "vllm").mkdir()
     (bad / "vllm_gaudi").mkdir()
-    env = dict(
-        os.environ,
-        COOKBOOK=str(REPO),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        PYTHONPATH=str(bad),
-    )
-    r = subprocess.run(
-        ["bash", "-c", SEED_LINE + "; echo launched"], capture_output=True, text=True, env=env, timeout=300
-    )
+    env = dict(os.environ, COOKBOOK=str(REPO), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(bad))
+    r = subprocess.run(["bash", "-c", SEED_LINE + "; echo launched"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 1 and "launched" not in r.stdout  # `|| exit 1` stops the container start
     assert "base mismatch" in r.stderr or "not found" in r.stderr, r.stderr[-2000:]
 
@@ -125,25 +107,15 @@ def test_the_copied_v030_line_is_the_seeds_line():
     assert SEED_LINE_030 in page.read_text()
 
 
-@pytest.mark.parametrize(
-    "recipe, line", [("GLM-5.3-Flash", SEED_LINE), ("GLM-5.3-BF16", SEED_LINE_030)], ids=["v0.26.0", "v0.30.0"]
-)
+@pytest.mark.parametrize("recipe, line", [("GLM-5.3-Flash", SEED_LINE), ("GLM-5.3-BF16", SEED_LINE_030)], ids=["v0.26.0", "v0.30.0"])
 def test_each_recipe_renders_the_line_run_here(recipe, line):
     """What `fixpack recipe show` prints is the line these tests run verbatim."""
     assert f"\n{line}\n" in rendered(REPO / "recipes" / "zai-org" / recipe / "recipe.yaml")
 
 
 def _launch_030(tree: Path, cookbook: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        COOKBOOK=str(cookbook),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        PYTHONPATH=str(tree),
-        **(extra_env or {}),
-    )
-    return subprocess.run(
-        ["bash", "-c", SEED_LINE_030 + "\necho launched"], capture_output=True, text=True, env=env, timeout=600
-    )
+    env = dict(os.environ, COOKBOOK=str(cookbook), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(tree), **(extra_env or {}))
+    return subprocess.run(["bash", "-c", SEED_LINE_030 + "\necho launched"], capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_the_v030_line_stops_the_launch_while_vllm_gaudi_has_development_pins_only(tmp_path):
@@ -173,10 +145,7 @@ def pinned_030(tmp_path_factory):
 
 def _tree_030(pinned, dest: Path) -> Path:
     pack, env = pinned
-    assert (
-        _fixpack("sources", "tree", str(dest), "--profile", "v0.30.0", env=dict(env, FIXPACK_PACK=str(pack))).returncode
-        == 0
-    )
+    assert _fixpack("sources", "tree", str(dest), "--profile", "v0.30.0", env=dict(env, FIXPACK_PACK=str(pack))).returncode == 0
     return dest
 
 
@@ -198,10 +167,7 @@ def test_the_v030_line_runs_verbatim_once_the_release_is_pinned(pinned_030, tmp_
     again = _launch_030(tree, pack, env)
     assert again.returncode == 0 and "already applied" in again.stdout, again.stdout + again.stderr
     state = _verify_030(tree, pinned_030)
-    assert state["drift"] is False and state["applied"]["opt_in"] == [
-        "vllm-long-prefill-share",
-        "glm47-streaming-text-markers",
-    ]
+    assert state["drift"] is False and state["applied"]["opt_in"] == ["vllm-long-prefill-share", "glm47-streaming-text-markers"]
 
 
 def test_the_v030_line_runs_verbatim_after_the_ports_install_and_keeps_the_port(pinned_030, tmp_path):
@@ -213,13 +179,8 @@ def test_the_v030_line_runs_verbatim_after_the_ports_install_and_keeps_the_port(
     tree = _tree_030(pinned_030, tmp_path / "site-packages")
     ienv = dict(os.environ, COOKBOOK=str(pack), PYTHON=sys.executable, GLM_MXK="0", GLM_MXK_PREFILL="0", **env)
     ienv.pop("PYTHONPATH", None)
-    inst = subprocess.run(
-        ["bash", str(REPO / "ports" / PORT_030 / "install.sh"), "--root", str(tree), "--no-plugin"],
-        capture_output=True,
-        text=True,
-        env=ienv,
-        timeout=900,
-    )
+    inst = subprocess.run(["bash", str(REPO / "ports" / PORT_030 / "install.sh"), "--root", str(tree), "--no-plugin"],
+                          capture_output=True, text=True, env=ienv, timeout=900)
     assert inst.returncode == 0, (inst.stdout + inst.stderr)[-4000:]
     assert _verify_030(tree, pinned_030)["applied"]["port"] == PORT_030
 
@@ -233,7 +194,7 @@ def test_the_v030_line_runs_verbatim_after_the_ports_install_and_keeps_the_port(
     patches = yaml.safe_load((REPO / "ports" / PORT_030 / "port.yaml").read_text())["patches"]
     fixes = [f["fix"] for f in state["fixes"]]
     assert fixes[: len(patches)] == patches  # the port's patches first, then the profile's fixes in pack order
-    assert {"vllm-long-prefill-share", "glm47-streaming-text-markers"} <= set(fixes[len(patches) :])
+    assert {"vllm-long-prefill-share", "glm47-streaming-text-markers"} <= set(fixes[len(patches):])
     assert state["drift"] is False and all(f["status"] == "applied" for f in state["fixes"])
 
     again = _launch_030(tree, pack, env)

@@ -85,26 +85,13 @@ def test_every_fix_is_proven_red_green_against_the_release():
     proven = [x for x in data["results"] if x["result"] == "proven"]
     assert proven or data["skipped_sources"], "no fix was proven"
     if data["skipped_sources"]:
-        pytest.skip(
-            "some fixes not checked: their release sources are unavailable: " + ", ".join(data["skipped_sources"])
-        )
+        pytest.skip("some fixes not checked: their release sources are unavailable: " + ", ".join(data["skipped_sources"]))
 
 
 def test_rebase_report_classifies_every_fix_on_a_later_release():
     """vllm-gaudi main after v0.26.0 and the vLLM 0.27.0 wheel: every fix gets one class (the
     text-only report; the tests run on it below for the fixes upstream answered)."""
-    r = fixpack(
-        "rebase-report",
-        "--profile",
-        "v0.26.0",
-        "--onto",
-        "vllm_gaudi=main",
-        "--onto",
-        "vllm=0.27.0",
-        "--no-tests",
-        "--json",
-        timeout=1800,
-    )
+    r = fixpack("rebase-report", "--profile", "v0.26.0", "--onto", "vllm_gaudi=main", "--onto", "vllm=0.27.0", "--no-tests", "--json", timeout=1800)
     if r.returncode == 8:
         pytest.skip(f"LATER RELEASE SOURCES UNAVAILABLE: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -166,28 +153,19 @@ def test_every_pinned_fix_gives_its_pinned_bytes_and_only_codemods_import_libcst
         kinds.add(fix.kind)
         with monkeypatch.context() as mp:
             if fix.kind != "codemod":
-                for name in [
-                    m for m in sys.modules if m == "libcst" or m.startswith(("libcst.", "fixpack.kinds.codemod"))
-                ]:
+                for name in [m for m in sys.modules if m == "libcst" or m.startswith(("libcst.", "fixpack.kinds.codemod"))]:
                     mp.delitem(sys.modules, name)
                 mp.setitem(sys.modules, "libcst", None)
             stage = tmp_path / f"stage{i}"
             stage.mkdir()
             job = {
-                "fix_dir": str(fix.dir),
-                "kind": fix.kind,
-                "stage_dir": str(stage),
+                "fix_dir": str(fix.dir), "kind": fix.kind, "stage_dir": str(stage),
                 "expect": {rel: after for rel, (_, after) in step["files"].items()},
-                "targets": [
-                    {"rel": rel, "src": str(tree / rel), "out": str(stage / f"{j}.out")}
-                    for j, rel in enumerate(step["files"])
-                ],
+                "targets": [{"rel": rel, "src": str(tree / rel), "out": str(stage / f"{j}.out")} for j, rel in enumerate(step["files"])],
             }
             worker.run(job)
         for t in job["targets"]:
             out = (stage / t["out"].rsplit("/", 1)[1]).read_bytes()
             assert sha256_bytes(out) == job["expect"][t["rel"]], f"{fix.id}: {t['rel']}"
-            os.replace(
-                stage / t["out"].rsplit("/", 1)[1], tree / t["rel"]
-            )  # never write through the cache's hard links
+            os.replace(stage / t["out"].rsplit("/", 1)[1], tree / t["rel"])  # never write through the cache's hard links
     assert kinds == {"diff", "edit", "codemod"}
