@@ -5,13 +5,10 @@ and move the way the shapes say."""
 from pathlib import Path
 
 import pytest
-import torch
 
-from glm5_hpu import hpu_dsa
 from glm5_hpu.hpu_dsa import SCORE_BUDGET
 from hpu_emulation.cost import GAUDI2, GAUDI3, REPLAY, Calibration, predict
 from hpu_emulation.cost.glm53 import Glm53Model, Glm53Switches, dsa_scoring_peak, op_class
-from hpu_emulation.cost.trace import OpTrace
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "zai-org" / "GLM-5.3-BF16" / "recipe.yaml"
 
@@ -57,17 +54,5 @@ def test_dsa_prefill_scoring_peak_is_bounded_by_its_chunk_budget():
         assert bias < peak <= 2 * bias + queries + SCORE_BUDGET + 64 * 2**20, (t, k, peak)
     assert peaks[(4096, 131072)] < 4 * 2**30
     # negative control: one chunk of every query (an unbounded budget) holds the per-head scores
-    t, k, h, d = 512, 8192, 32, 128
-    trace = OpTrace()
-    with torch.no_grad(), torch.device("meta"):
-        args = (
-            torch.zeros(1, 1, t, k, dtype=torch.bfloat16),
-            torch.empty(1, t, h, d),
-            torch.empty(1, t, h),
-            torch.empty(1, k, d, dtype=torch.bfloat16),
-            torch.zeros(1, k, dtype=torch.int32),
-            torch.zeros(1, t, dtype=torch.int64),
-        )
-        with trace:
-            hpu_dsa.prefill_bias(*args, 2048, 32768, d, budget=1 << 50)
-    assert trace.peak_bytes >= t * k * h * 4
+    t, k = 512, 8192
+    assert dsa_scoring_peak(t, k, budget=1 << 50) >= t * k * 32 * 4

@@ -410,9 +410,10 @@ def op_class(module: str) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def dsa_scoring_peak(tokens: int, keys: int) -> int:
+def dsa_scoring_peak(tokens: int, keys: int, budget: int | None = None) -> int:
     """Peak bytes the port's DSA prefill scoring holds at once (eager) for a ``tokens``-row chunk
-    against ``keys`` keys: ``hpu_dsa.prefill_bias`` traced on meta tensors of GLM-5.3's indexer."""
+    against ``keys`` keys: ``hpu_dsa.prefill_bias`` traced on meta tensors of GLM-5.3's indexer,
+    its query chunks bounded by ``budget`` (default ``hpu_dsa.SCORE_BUDGET``)."""
     from glm5_hpu import hpu_dsa, memory_plan
 
     cfg = memory_plan.glm53_config()
@@ -426,5 +427,7 @@ def dsa_scoring_peak(tokens: int, keys: int) -> int:
         qp = torch.zeros(1, tokens, dtype=torch.int64)
         bias = torch.zeros(1, 1, tokens, keys, dtype=BF16)
         with trace:
-            hpu_dsa.prefill_bias(bias, q, w, k, kp, qp, cfg.index_topk, hpu_dsa.threshold({}), d)
+            hpu_dsa.prefill_bias(
+                bias, q, w, k, kp, qp, cfg.index_topk, hpu_dsa.threshold({}), d, budget or hpu_dsa.SCORE_BUDGET
+            )
     return trace.peak_bytes

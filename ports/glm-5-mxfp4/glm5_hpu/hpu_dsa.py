@@ -121,13 +121,16 @@ def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, head_dim:
 SCORE_BUDGET = 1 << 30
 
 
+def row_bytes(heads: int, keys: int) -> int:
+    """Bytes one query row's scoring holds: per key, two fp32 per-head score tensors at once (the
+    product and its scaled copy, eager), the fp32 sum and its masked copy, three int64 index rows
+    (``choose``'s position order, its score order and the gathered one)."""
+    return keys * (8 * heads + 4 + 4 + 3 * 8)
+
+
 def score_rows(heads: int, keys: int, budget: int = SCORE_BUDGET) -> int:
-    """Query rows scored at once so that a chunk holds at most ``budget`` bytes: per row and key,
-    two fp32 per-head score tensors at once (the product and its scaled copy, eager), the fp32
-    sum and its masked copy, three int64 index rows (``choose``'s position order, its score order
-    and the gathered one)."""
-    per_row = keys * (8 * heads + 4 + 4 + 3 * 8)
-    return max(1, budget // per_row)
+    """Query rows scored at once so that a chunk holds at most ``budget`` bytes."""
+    return max(1, budget // row_bytes(heads, keys))
 
 
 def prefill_bias(

@@ -17,6 +17,7 @@ from glm5_hpu.hpu_dsa import (
     decode_bias,
     index_scores,
     prefill_bias,
+    row_bytes,
     score_rows,
     threshold,
 )
@@ -149,7 +150,7 @@ def test_prefill_scoring_in_query_chunks_gives_the_unchunked_bias():
     one_pass = prefill_bias(bias, q, w, keys, key_pos, q_pos, topk, thr, d, budget=1 << 40)
     assert score_rows(h, length, 1 << 40) >= t  # negative control: this is one chunk
     for rows in (1, 2, 4, 8):
-        budget = rows * length * (8 * h + 4 + 4 + 3 * 8)
+        budget = rows * row_bytes(h, length)
         assert score_rows(h, length, budget) == rows
         assert torch.equal(prefill_bias(bias, q, w, keys, key_pos, q_pos, topk, thr, d, budget=budget), one_pass)
     # the selection did act: every row is past the threshold and keeps topk keys
@@ -166,14 +167,14 @@ def test_prefill_scoring_at_the_seed_threshold_selects_as_dsa_within_its_budget(
     thr, topk, h, d = dsa.DENSE_UNTIL_KEYS, 2048, 2, 8
     t, length = 6, dsa.DENSE_UNTIL_KEYS + 4
     bias, q, w, keys, key_pos, q_pos = _causal_prompt(g, t, length, h, d)
-    budget = 2 * length * (8 * h + 4 + 4 + 3 * 8)
+    budget = 2 * row_bytes(h, length)
     got = prefill_bias(bias, q, w, keys, key_pos, q_pos, topk, thr, d, budget=budget)[0, 0]
     scores = index_scores(q[0], w[0], keys[0].unsqueeze(0).expand(t, -1, -1), d)
     want = dsa.select(scores, q_pos[0], topk, thr, sparse=True)
     assert torch.equal(got == 0, want)
     assert [int(n) for n in (got == 0).sum(-1)] == [32767, 32768, topk, topk, topk, topk]
     rows = score_rows(32, 131072)  # GLM-5.3: 32 index heads
-    assert rows >= 1 and rows * 131072 * (8 * 32 + 4 + 4 + 3 * 8) <= SCORE_BUDGET
+    assert rows >= 1 and rows * row_bytes(32, 131072) <= SCORE_BUDGET
 
 
 def test_decode_bias_on_shuffled_blocks_selects_as_dsa_and_leaves_rows_below_unchanged():
