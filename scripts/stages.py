@@ -138,6 +138,14 @@ def stages(extra: list[str]) -> list[Stage]:
             "recipes' real shapes on meta tensors, the Flash recipe against the serving page's floors",
         ),
         Stage(
+            "cost-plan",
+            py_cpu,
+            pytest_args(*FAULT, "emulation/tests/test_cost_plan_check.py"),
+            2400,
+            "python -m hpu_emulation.plan --check on every recipe (PREDICTIONS: memory per card, the Flash floors)",
+            long=True,
+        ),
+        Stage(
             "unit-tests-v0.26.0",
             py_cpu,
             ["-m", "hpu_harness.unit_tests", "--json", "{json}"],

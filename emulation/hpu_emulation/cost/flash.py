@@ -96,8 +96,23 @@ def switches_of_recipe(recipe: Path) -> FlashSwitches:
         kda_scan=sw.get("GLM5_NEXT_KDA_SCAN", "1") not in ("0", "false", "False"),
         decode_layer_group=int(sw.get("GLM5_NEXT_DECODE_LAYER_GROUP", "45")),
         mhc_sinkhorn=sw.get("GLM5_NEXT_MHC_SINKHORN", "kernel"),
-        moe_op=sw.get("GLM5_NEXT_MOE_OP", "exact"),
+        moe_op=expert_path(sw.get("GLM5_NEXT_MOE_OP", "auto")),
     )
+
+
+def expert_path(value: str) -> str:
+    """GLM5_NEXT_MOE_OP as the port resolves it on the card for the release's block-FP8 checkpoint
+    (``glm5_next_hpu.vllm.fused_moe.resolve``): ``auto``, the port's default, is the fused op there."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from glm5_next_hpu.release_config import release_config
+    from glm5_next_hpu.vllm.fused_moe import AUTO, FUSED, resolve
+
+    qc = Fp8Config.from_config(release_config()["quantization_config"])
+    chosen = resolve(value, SimpleNamespace(device_type="hpu"), qc)
+    return FUSED if chosen == AUTO else chosen
 
 
 def classify(layer_kinds: dict[str, str]):

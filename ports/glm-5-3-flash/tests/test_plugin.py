@@ -201,7 +201,7 @@ def test_switches_are_declared_once_in_port_yaml():
         None,
         45,
         "kernel",
-        "exact",
+        "auto",
     )
     # every switch names its reference path; for vision and the image cap it is the default
     assert {n: x.reference for n, x in spec.items()} == {

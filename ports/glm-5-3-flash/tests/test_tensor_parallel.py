@@ -636,6 +636,7 @@ def test_fused_moe_op_is_refused_where_vllm_gaudis_op_cannot_take_the_experts(re
     from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 
     from glm5_next_hpu.vllm.fp8 import BlockFp8Spec
+    from glm5_next_hpu.vllm.fused_moe import layer_op
 
     t = ref_ckpt[1].text_config
     qc = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]})
@@ -653,9 +654,17 @@ def test_fused_moe_op_is_refused_where_vllm_gaudis_op_cannot_take_the_experts(re
     wide.hidden_size = 40  # the intermediate size (32) still splits into 16-blocks; the hidden size does not
     with pytest.raises(UnsupportedConfigError, match=switch + r".*hidden_size 40 is not a multiple of the FP8 block"):
         ParallelMoE(wide, par, qc, prefix, spec, moe_op="fused")
-    # the exact path takes all three (the same layers, the port's loop)
+    # the exact path takes all three (the same layers, the port's loop), and so does auto (the
+    # default: the fused op where a layer can take it), without a refusal
     for args in ((t, par, None, prefix, None), (t, par, None, prefix, kept), (wide, par, None, prefix, spec)):
         assert ParallelMoE(*args).experts.op == "exact"
+        assert ParallelMoE(*args, moe_op="auto").experts.op == "exact"
+    # a layer the op can take: auto and fused put it on the op, exact keeps the loop
+    assert [layer_op(v, prefix, qc, spec, False, t.hidden_size) for v in ("auto", "fused", "exact")] == [
+        "fused",
+        "fused",
+        "exact",
+    ]
 
 
 @needs_vllm
@@ -682,3 +691,25 @@ def test_fused_moe_op_is_refused_off_hpu_and_without_vllms_block_fp8_config():
     ):
         check_model(hpu, per_tensor)
     check_model(hpu, qc)  # accepted: HPU with a block-FP8 checkpoint
+
+
+@needs_vllm
+def test_the_default_expert_path_is_fused_where_vllm_gaudis_op_can_run():
+    """GLM5_NEXT_MOE_OP unset (auto) resolves, at model construction, to the fused op's per-layer
+    choice on the HPU platform with vLLM's block Fp8Config (the serving page's deployment), and to
+    the exact loop on CPU and for a checkpoint the op cannot take, without a refusal; an explicit
+    value is kept (fused checked as above)."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from glm5_next_hpu.vllm.fused_moe import resolve
+
+    qc = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]})
+    per_tensor = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic"})
+    cpu, hpu = SimpleNamespace(device_type="cpu"), SimpleNamespace(device_type="hpu")
+    assert resolve("auto", hpu, qc) == "auto"
+    assert [resolve("auto", *where) for where in ((cpu, qc), (hpu, None), (hpu, per_tensor))] == ["exact"] * 3
+    assert resolve("exact", hpu, qc) == "exact" and resolve("fused", hpu, qc) == "fused"
+    with pytest.raises(UnsupportedConfigError, match=r"^GLM5_NEXT_MOE_OP=fused: .*this is the 'cpu'"):
+        resolve("fused", cpu, qc)

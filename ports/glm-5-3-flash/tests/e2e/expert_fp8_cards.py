@@ -1,4 +1,4 @@
-"""The port's default expert path (GLM5_NEXT_MOE_OP=exact) on block-FP8 experts, on one emulated card,
+"""The port's exact expert path (GLM5_NEXT_MOE_OP=exact) on block-FP8 experts, on one emulated card,
 against the checkpoint's exact weights; built and run in this process with the release tree's vllm
 and vllm_gaudi.
 
