@@ -89,11 +89,12 @@ def resolve(value: str, platform, quant_config) -> str:
     fused op unless its experts cannot: ``layer_problem``) on the HPU platform with a block-FP8
     checkpoint, and is ``exact`` elsewhere (CPU, an unquantized checkpoint). ``fused`` is checked
     here (refused where the op cannot run); ``exact`` is kept."""
+    problem = None if value == EXACT else model_problem(platform, quant_config)
+    if problem is None:
+        return value
     if value == FUSED:
-        check_model(platform, quant_config)
-    if value == AUTO and model_problem(platform, quant_config) is not None:
-        return EXACT
-    return value
+        raise refuse(problem)
+    return EXACT
 
 
 def layer_problem(prefix: str, quant_config, fp8_spec, experts_kept: bool, hidden: int) -> str | None:
